@@ -1,0 +1,38 @@
+"""rllib_spear: SPEAR and SPADER for tool-using LLM agents, as a Ray RLlib plugin.
+
+Importing the package registers "SPEAR", "SPADER", "DrBoT" and "GRPO-LLM" with Tune. The numeric
+core (``rllib_spear.core``) has no Ray dependency.
+"""
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    import os
+
+    if os.environ.get("RLLIB_SPEAR_NO_REGISTER") == "1":
+        return
+    try:
+        from .registration import register_all
+    except ImportError:  # ray not installed: core/ still usable
+        return
+    register_all()
+
+
+_register()
+
+
+def __getattr__(name: str):
+    lazy = {
+        "GRPOConfig": ("algorithms.grpo", "GRPOConfig"), "GRPO": ("algorithms.grpo", "GRPO"),
+        "DrBoTConfig": ("algorithms.grpo", "DrBoTConfig"), "DrBoT": ("algorithms.grpo", "DrBoT"),
+        "SPEARConfig": ("algorithms.spear.config", "SPEARConfig"),
+        "SPEAR": ("algorithms.spear.spear", "SPEAR"),
+        "SPADERConfig": ("algorithms.spader.config", "SPADERConfig"),
+        "SPADER": ("algorithms.spader.spader", "SPADER"),
+    }
+    if name in lazy:
+        import importlib
+
+        mod, attr = lazy[name]
+        return getattr(importlib.import_module(f".{mod}", __name__), attr)
+    raise AttributeError(name)

@@ -1,0 +1,1 @@
+"""RLlib Algorithms: GRPO, Dr.BoT, SPEAR, SPADER."""

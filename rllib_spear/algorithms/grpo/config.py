@@ -1,0 +1,300 @@
+"""GRPOConfig: the shared AlgorithmConfig of GRPO, Dr.BoT, SPEAR and SPADER.
+
+Builder-style, as in RLlib: ``GRPOConfig().environment("search_qa").env_runners(engine="hf",
+temperature=1.0).training(group_size=8, clip_ratio_high=0.28).rl_module(model_config={...})``.
+Every knob of ALGORITHMS.md sections 1 and 2 is a ``training()`` kwarg; ``validate()`` names the
+key and the fix for every bad value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+from ...core.losses import PolicyLossConfig
+
+# RLlib wants spaces to build RLModules; tokens are not gym observations, so these are
+# placeholders (the learner never uses RLlib's action distributions).
+PLACEHOLDER_OBS_SPACE = gym.spaces.Box(0, np.iinfo(np.int32).max, (1,), np.int64)
+PLACEHOLDER_ACTION_SPACE = gym.spaces.Discrete(2)
+
+EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (models.default_policy_path)
+
+_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+_LOSS_MODES = ("vanilla", "clip_cov", "kl_cov")
+_FILTERS = ("overlong", "incomplete", "repetitive", "unreadable")
+
+# training() kwargs owned by this config (name -> default). Kept in one table so that
+# training(), to_dict() and validate() cannot drift apart.
+GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
+    # sampling shape
+    "group_size": 8,
+    "tasks_per_iteration": 32,
+    # advantages
+    "std_normalize_advantages": True,  # GRPO divides by the group std; Dr.GRPO/Dr.BoT do not
+    "advantage_estimator": "grpo",  # "grpo" (outcome, 1.1) or "spa" (SPADER step-wise peer, 3.3)
+    "spa_gamma": 0.9,
+    # policy loss (1.2 - 1.4, 1.6)
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.2,
+    "dual_clip_c": None,
+    "loss_agg_mode": "token-mean",
+    "loss_mode": "vanilla",
+    "clip_cov_ratio": 2e-4,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 2e-4,
+    "kl_cov_coef": 0.1,
+    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm)
+    "entropy_coeff": 0.0,
+    "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
+    "kl_estimator": "k3",
+    "t_norm": None,  # seq-mean-token-sum-norm constant; None = max_response_tokens
+    # Dr.BoT filters (1.5)
+    "response_filters": (),
+    "filter_ngram_size": 20,
+    "filter_ngram_repeats": 10,
+    "group_filter_keep_fraction": None,  # e.g. 0.75; None = keep all groups
+    # optimisation
+    "weight_decay": 0.01,
+    "adam_betas": (0.9, 0.999),
+    "micro_batch_token_budget": 8192,
+    "lr_warmup_steps": 0,
+    "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
+}
+
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "engine": "hf",
+    "engine_kwargs": {},
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 128,
+    "stop": [],
+    "max_turns": 4,
+    "max_model_len": 1024,
+    "max_response_tokens": 512,
+    "max_observation_tokens": 256,
+    "observation_template": "chatml",
+}
+
+
+class GRPOConfig(AlgorithmConfig):
+    """Config of GRPO on tool-using LLM agents (and the base of Dr.BoT/SPEAR/SPADER)."""
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        if algo_class is None:
+            from .grpo import GRPO
+
+            algo_class = GRPO
+        super().__init__(algo_class=algo_class)
+        for k, v in {**GRPO_TRAINING_DEFAULTS, **SAMPLING_DEFAULTS}.items():
+            setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
+        # RLlib settings that fit this workload.
+        from ...env_runners.llm_env_runner import LLMEnvRunner
+
+        self.env_runner_cls = LLMEnvRunner
+        self.num_env_runners = 1
+        self.create_local_env_runner = False  # the driver never loads a model
+        self.num_cpus_per_env_runner = 1
+        self.lr = 1e-6
+        self.grad_clip = 1.0
+        self.grad_clip_by = "global_norm"
+        self.num_epochs = 1
+        self.minibatch_size = None  # trajectories per optimizer step; None = whole batch
+        self.env = "search_qa"
+        self.env_config = {}
+        self.dataset = None  # None = the environment's embedded default train split
+        self.eval_dataset = None
+        self.observation_space = PLACEHOLDER_OBS_SPACE
+        self.action_space = PLACEHOLDER_ACTION_SPACE
+        self._model_config = {"model_path": EMBEDDED_MODEL, "dtype": "float32"}
+        self.add_default_connectors_to_learner_pipeline = False
+        # A failed runner is restarted at once (tests and short jobs cannot wait 60 s).
+        self.delay_between_env_runner_restarts_s = 1.0
+        self.restart_failed_env_runners = True
+        self.seed = 0
+
+    # ------------------------------------------------------------------ builder methods
+    def training(self, **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``training()`` plus every GRPO/Dr.BoT knob (see GRPO_TRAINING_DEFAULTS)."""
+        own = {k: kwargs.pop(k) for k in list(kwargs) if hasattr(type(self), "_own_training_keys")
+               and k in self._own_training_keys()}
+        super().training(**kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    @classmethod
+    def _own_training_keys(cls) -> set[str]:
+        return set(GRPO_TRAINING_DEFAULTS)
+
+    def env_runners(self, **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``env_runners()`` plus the engine and sampling knobs:
+        engine ("hf" | "vllm"), engine_kwargs, temperature, top_p, top_k, max_new_tokens (per
+        turn), stop, max_turns, max_model_len, max_response_tokens, max_observation_tokens,
+        observation_template ("chatml" | "llama3")."""
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_DEFAULTS}
+        super().env_runners(**kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    def environment(self, env: Any = NotProvided, *, dataset: Any = NotProvided,
+                    eval_dataset: Any = NotProvided, **kwargs: Any) -> "GRPOConfig":
+        """``env``: a tool-environment name of ``rllib_spear.envs.make_env`` ("search_qa",
+        "multi_answer_search", "code_math", "text_game", "textworld"); ``env_config``: its
+        options; ``dataset`` / ``eval_dataset``: a parquet path or a default-dataset name
+        (None = the environment's embedded train / test split)."""
+        if env is not NotProvided:
+            self.env = env
+        if dataset is not NotProvided:
+            self.dataset = dataset
+        if eval_dataset is not NotProvided:
+            self.eval_dataset = eval_dataset
+        if "env_config" in kwargs and kwargs["env_config"] is not NotProvided:
+            self.env_config = dict(kwargs.pop("env_config"))
+        rest = {k: v for k, v in kwargs.items() if v is not NotProvided}
+        if rest:
+            super().environment(**rest)
+        return self
+
+    # ------------------------------------------------------------------ derived values
+    def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
+        """The core loss config of on-policy (or, with ``replay``, SIL) updates."""
+        tis = self.tis_cap
+        if tis is None and self.engine == "vllm":
+            tis = 2.0
+        return PolicyLossConfig(
+            clip_ratio_low=self.clip_ratio_low,
+            clip_ratio_high=self.clip_ratio_high,
+            dual_clip_c=self.dual_clip_c,
+            loss_mode=self.loss_mode,
+            loss_agg_mode=self.loss_agg_mode,
+            clip_cov_ratio=self.clip_cov_ratio,
+            clip_cov_lb=self.clip_cov_lb,
+            clip_cov_ub=self.clip_cov_ub,
+            kl_cov_ratio=self.kl_cov_ratio,
+            kl_cov_coef=self.kl_cov_coef,
+            tis_cap=tis if tis else None,
+            kl_coef=self.kl_coeff,
+            kl_estimator=self.kl_estimator,
+            entropy_coef=self.entropy_coeff,
+        )
+
+    @property
+    def loss_t_norm(self) -> float:
+        return float(self.t_norm if self.t_norm is not None else self.max_response_tokens)
+
+    def sampling_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
+
+    # ------------------------------------------------------------------ RLlib hooks
+    def get_default_rl_module_spec(self) -> RLModuleSpec:
+        from ...models.rl_module import HFCausalLMRLModule
+
+        return RLModuleSpec(module_class=HFCausalLMRLModule)
+
+    def get_default_learner_class(self) -> type:
+        from .learner import GRPOTorchLearner
+
+        return GRPOTorchLearner
+
+    @property
+    def _model_config_auto_includes(self) -> dict[str, Any]:
+        return {"temperature": self.temperature}
+
+    def validate(self) -> None:
+        super().validate()
+        err = self._value_error
+
+        def pos_int(name: str, minimum: int = 1) -> None:
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < minimum:
+                err(f"`{name}` must be an integer >= {minimum}, got {v!r}")
+
+        pos_int("group_size")
+        pos_int("tasks_per_iteration")
+        pos_int("micro_batch_token_budget")
+        pos_int("max_turns")
+        pos_int("max_new_tokens")
+        pos_int("max_model_len", 16)
+        pos_int("max_response_tokens")
+        pos_int("lr_warmup_steps", 0)
+        if self.loss_agg_mode not in _AGG_MODES:
+            err(f"`loss_agg_mode` must be one of {_AGG_MODES}, got {self.loss_agg_mode!r}")
+        if self.loss_mode not in _LOSS_MODES:
+            err(f"`loss_mode` must be one of {_LOSS_MODES}, got {self.loss_mode!r}")
+        if self.advantage_estimator not in ("grpo", "spa"):
+            err(f"`advantage_estimator` must be 'grpo' or 'spa', got {self.advantage_estimator!r}")
+        for name in ("clip_ratio_low", "clip_ratio_high", "clip_cov_ratio", "kl_cov_ratio",
+                     "kl_cov_coef", "entropy_coeff", "kl_coeff", "weight_decay"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v < 0:
+                err(f"`{name}` must be a number >= 0, got {v!r}")
+        if self.clip_ratio_low >= 1:
+            err(f"`clip_ratio_low` must be < 1 (ratio lower bound 1 - clip_ratio_low > 0), got {self.clip_ratio_low}")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            err(f"`dual_clip_c` must be > 1 or None, got {self.dual_clip_c!r}")
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            err(f"`tis_cap` must be > 0 or None, got {self.tis_cap!r}")
+        if self.clip_cov_lb >= self.clip_cov_ub:
+            err(f"`clip_cov_lb` ({self.clip_cov_lb}) must be < `clip_cov_ub` ({self.clip_cov_ub})")
+        if self.kl_estimator not in ("k1", "k3"):
+            err(f"`kl_estimator` must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        bad = [f for f in self.response_filters if f not in _FILTERS]
+        if bad:
+            err(f"`response_filters` has unknown entries {bad}; allowed: {_FILTERS}")
+        kf = self.group_filter_keep_fraction
+        if kf is not None and not (0 < kf <= 1):
+            err(f"`group_filter_keep_fraction` must be in (0, 1] or None, got {kf!r}")
+        if not 0 <= self.spa_gamma <= 1:
+            err(f"`spa_gamma` must be in [0, 1], got {self.spa_gamma!r}")
+        if self.engine not in ("hf", "vllm"):
+            err(f"`engine` must be 'hf' or 'vllm' (set it with .env_runners(engine=...)), got {self.engine!r}")
+        if self.temperature <= 0:
+            err(f"`temperature` must be > 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            err(f"`top_p` must be in (0, 1], got {self.top_p!r}")
+        if self.max_response_tokens > self.max_model_len:
+            err(f"`max_response_tokens` ({self.max_response_tokens}) must be <= `max_model_len` ({self.max_model_len})")
+        if self.minibatch_size is not None and self.minibatch_size < 1:
+            err(f"`minibatch_size` (trajectories per optimizer step) must be >= 1 or None, got {self.minibatch_size!r}")
+        if not isinstance(self.env, str):
+            err(f"`env` must be a tool-environment name (e.g. 'search_qa'), got {self.env!r}")
+        if "model_path" not in self.model_config:
+            err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
+                "(a local HF model folder, or 'embedded' for the project's tiny model)")
+        if self.num_env_runners == 0 and not self.create_local_env_runner:
+            err("`num_env_runners=0` needs `create_local_env_runner=True` (tests only): "
+                ".env_runners(num_env_runners=0, create_local_env_runner=True)")
+
+
+class DrBoTConfig(GRPOConfig):
+    """Dr.BoT = GRPO + every trick of ALGORITHMS.md 1.5: no KL, clip-higher 0.28, no std
+    normalisation, seq-mean-token-sum-norm, dual clip c=10, the four response filters and the
+    75% group-std filter."""
+
+    def __init__(self, algo_class: type | None = None) -> None:
+        if algo_class is None:
+            from .grpo import DrBoT
+
+            algo_class = DrBoT
+        super().__init__(algo_class=algo_class)
+        apply_drbot_defaults(self)
+
+
+def apply_drbot_defaults(cfg: GRPOConfig) -> GRPOConfig:
+    cfg.kl_coeff = 0.0
+    cfg.clip_ratio_high = 0.28
+    cfg.std_normalize_advantages = False
+    cfg.loss_agg_mode = "seq-mean-token-sum-norm"
+    cfg.dual_clip_c = 10.0
+    cfg.response_filters = _FILTERS
+    cfg.group_filter_keep_fraction = 0.75
+    return cfg

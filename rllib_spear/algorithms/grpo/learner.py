@@ -1,0 +1,206 @@
+"""GRPOTorchLearner: the policy update of GRPO / Dr.BoT / SPEAR / SPADER on an HF causal LM.
+
+The driver sends one padded batch per learner (whole groups; advantages, masks and the global
+loss normalizers already computed). Here:
+
+* rows are split into mini-batches (``minibatch_id`` column; one optimizer step each), and each
+  mini-batch into token-budget micro-batches whose gradients are accumulated;
+* every loss term uses the normalizers of the *global* mini-batch (all micro-batches of all
+  learners), so the gradient does not depend on the micro-batch split or the learner count;
+* under DDP (``num_learners > 1``) the all-reduce runs once per optimizer step (``no_sync`` on
+  the other micro-batches), and every learner performs the same number of backward passes;
+* on-policy rows and replayed (SIL) rows may share a batch (``joint`` mode): each part gets its
+  own loss config (Clip-Cov replay parameters) and normalizer, and replay rows are weighted by
+  ``loss_weight`` (w_SIL).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from ray.rllib.core.learner.torch.torch_learner import TorchLearner
+from ray.rllib.utils.annotations import override
+
+from ...core.losses import LossNormalizer, policy_loss
+
+__all__ = ["GRPOTorchLearner", "BATCH_COLUMNS"]
+
+#: Columns of the learner batch (all [B, T] unless noted [B]).
+BATCH_COLUMNS = (
+    "input_ids", "attention_mask", "loss_mask", "old_logp", "engine_logp", "advantages",
+    "minibatch_id",  # [B] int
+    "norm_num_tokens", "norm_num_seqs", "t_norm",  # [B] global normalizers of the row's mini-batch part
+    "is_replay", "loss_weight",  # [B]
+)
+
+
+class GRPOTorchLearner(TorchLearner):
+    """TorchLearner with token-budget micro-batching and core.policy_loss."""
+
+    @override(TorchLearner)
+    def build(self) -> None:
+        super().build()
+        seed = int(getattr(self.config, "seed", 0) or 0)
+        # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.
+        self._cov_generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
+        self._ref_model = None
+
+    # ------------------------------------------------------------------ optimizer
+    @override(TorchLearner)
+    def configure_optimizers_for_module(self, module_id, config=None) -> None:
+        config = config or self.config
+        module = self._module[module_id]
+        params = [p for p in self.get_parameters(module) if p.requires_grad]
+        optimizer = torch.optim.AdamW(
+            params, lr=1.0, betas=tuple(config.adam_betas), weight_decay=config.weight_decay
+        )
+        lr = config.lr
+        warmup = int(getattr(config, "lr_warmup_steps", 0) or 0)
+        if warmup > 0 and not isinstance(lr, (list, tuple)):
+            # Linear warmup over `warmup` training iterations (the driver passes the iteration
+            # index as the schedule's timestep), then constant.
+            lr = [[0, lr / (warmup + 1)], [warmup, lr]]
+        self.register_optimizer(module_id=module_id, optimizer=optimizer, params=params,
+                                lr_or_lr_schedule=lr)
+
+    # ------------------------------------------------------------------ loss
+    @override(TorchLearner)
+    def compute_loss_for_module(self, *, module_id, config, batch, fwd_out) -> torch.Tensor:
+        logp = fwd_out["logp"]
+        entropy = fwd_out.get("entropy")
+        ref_logp = fwd_out.get("ref_logp")
+        is_replay = batch["is_replay"].bool()
+        total = logp.new_zeros(())
+        for replay in (False, True):
+            rows = is_replay if replay else ~is_replay
+            if not bool(rows.any()):
+                continue
+            norm = LossNormalizer(
+                num_tokens=float(batch["norm_num_tokens"][rows][0]),
+                num_seqs=float(batch["norm_num_seqs"][rows][0]),
+                t_norm=float(batch["t_norm"][rows][0]),
+            )
+            loss_cfg = config.policy_loss_config(replay=replay)
+            loss, metrics = policy_loss(
+                logp[rows], batch["old_logp"][rows], batch["advantages"][rows],
+                batch["loss_mask"][rows], config=loss_cfg, normalizer=norm,
+                engine_logp=batch["engine_logp"][rows] if loss_cfg.tis_cap else None,
+                ref_logp=None if ref_logp is None else ref_logp[rows],
+                entropy=None if entropy is None else entropy[rows],
+                generator=self._cov_generator,
+            )
+            weight = float(batch["loss_weight"][rows][0])
+            total = total + weight * loss
+            prefix = "sil_" if replay else ""
+            for k, v in metrics.items():
+                self.metrics.log_value((module_id, prefix + k), float(v), window=1000)
+            # Engine-vs-trainer mismatch: logp_new before any optimizer step equals the trainer's
+            # logp_old, so measure it on the first mini-batch of an update.
+            if not replay and self._first_minibatch:
+                m = batch["loss_mask"][rows] > 0
+                if bool(m.any()):
+                    diff = (logp[rows].detach() - batch["engine_logp"][rows]).abs()[m]
+                    self.metrics.log_value((module_id, "logp_mismatch_mean"), float(diff.mean()), window=1000)
+                    self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
+        return total
+
+    # ------------------------------------------------------------------ update
+    @override(TorchLearner)
+    def _uncompiled_update(self, batch: dict, **kwargs: Any):
+        (module_id, data), = batch.items()
+        module = self.module[module_id]
+        config = self.config.get_config_for_module(module_id)
+        budget = int(config.micro_batch_token_budget)
+        mb_ids = data["minibatch_id"].long()
+        num_minibatches = int(data["num_minibatches"][0]) if len(mb_ids) else 0
+        params = [p for p in self._params.values()]
+        last_loss = torch.zeros(())
+        fwd_out: dict = {}
+        trained_tokens = 0
+        for mb in range(num_minibatches):
+            self._first_minibatch = mb == 0
+            rows = torch.nonzero(mb_ids == mb).flatten()
+            micro = _token_budget_microbatches(data["attention_mask"][rows], budget)
+            if not micro:  # this learner holds no row of the global mini-batch: join the all-reduce
+                micro = [None]
+            for optim in self._optimizer_parameters:
+                optim.zero_grad(set_to_none=True)
+            for i, part in enumerate(micro):
+                sync = i == len(micro) - 1
+                ctx = contextlib.nullcontext()
+                if self.config.num_learners > 1 and not sync:
+                    ctx = module.no_sync()
+                with ctx:
+                    if part is None:
+                        sub = _dummy_rows(data, rows[:0] if len(rows) else torch.arange(1))
+                    else:
+                        sub = _slice_rows(data, rows[part])
+                    fwd_out = module.forward_train(sub)
+                    loss = self.compute_loss_for_module(
+                        module_id=module_id, config=config, batch=sub, fwd_out=fwd_out)
+                    if part is None:
+                        loss = loss * 0.0
+                    loss.backward()
+                    trained_tokens += int(sub["attention_mask"].sum()) if part is not None else 0
+                    last_loss = loss.detach()
+            grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
+            grad_norm = _global_norm(grads.values())
+            self.metrics.log_value((module_id, "grad_norm"), grad_norm, window=1000)
+            post = self.postprocess_gradients(grads)
+            self.apply_gradients(post)
+        self._first_minibatch = False
+        self.metrics.log_value((module_id, "num_optimizer_steps"), num_minibatches, reduce="sum")
+        self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
+        return fwd_out, {module_id: last_loss}, {}
+
+
+def _token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
+    """Greedy packing of rows (in order) so that rows x padded length <= budget per part.
+
+    A single row longer than the budget forms its own part (it cannot be split).
+    """
+    lengths = attention_mask.sum(dim=1).tolist()
+    parts: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i, L in enumerate(lengths):
+        new_max = max(cur_max, int(L))
+        if cur and new_max * (len(cur) + 1) > budget:
+            parts.append(cur)
+            cur, new_max = [], int(L)
+        cur.append(i)
+        cur_max = new_max
+    if cur:
+        parts.append(cur)
+    return [torch.tensor(p, dtype=torch.long) for p in parts]
+
+
+def _slice_rows(data: dict, rows: torch.Tensor) -> dict:
+    """Rows of the batch, with the time axis trimmed to the longest real row."""
+    T = int(data["attention_mask"][rows].sum(dim=1).max().item()) if len(rows) else 1
+    out = {}
+    for k, v in data.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        v = v[rows]
+        out[k] = v[:, :T] if v.dim() == 2 else v
+    return out
+
+
+def _dummy_rows(data: dict, _: torch.Tensor) -> dict:
+    """A one-row, fully masked batch (loss 0) so DDP ranks stay in lockstep."""
+    out = _slice_rows(data, torch.tensor([0]))
+    out["loss_mask"] = torch.zeros_like(out["loss_mask"])
+    out["norm_num_tokens"] = torch.ones_like(out["norm_num_tokens"])
+    out["norm_num_seqs"] = torch.ones_like(out["norm_num_seqs"])
+    return out
+
+
+def _global_norm(grads) -> float:
+    total = 0.0
+    for g in grads:
+        total += float(g.detach().float().pow(2).sum())
+    return math.sqrt(total)

@@ -1,0 +1,203 @@
+"""Advantage estimators: outcome group advantages (GRPO / Dr.GRPO, spec 1.1) and SPADER's
+step-wise peer advantage (spec 3.3).
+
+Pure numpy. Groups are always found by task uid (any hashable), never by batch position: the
+released SPEAR math code assumed contiguous groups after the batch had been reordered, which
+silently mixed tasks (notes/spear.md section 9.1).
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "group_indices",
+    "group_advantages",
+    "group_reward_stats",
+    "discounted_step_returns",
+    "step_peer_advantages",
+    "broadcast_step_advantages",
+]
+
+
+def _as_rewards(rewards: Sequence[float] | np.ndarray, fn: str) -> np.ndarray:
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"{fn}: rewards must be 1-D, got shape {r.shape}")
+    if r.size == 0:
+        raise ValueError(f"{fn}: rewards is empty")
+    if not np.all(np.isfinite(r)):
+        raise ValueError(f"{fn}: rewards must be finite, got {r[~np.isfinite(r)][:3].tolist()}")
+    return r
+
+
+def group_indices(uids: Sequence[Hashable], n: int | None = None, fn: str = "group_indices"
+                  ) -> dict[Hashable, list[int]]:
+    """Map each uid to the batch positions holding it, in order of first appearance.
+
+    ``n`` (if given) is the expected number of uids; a mismatch raises ValueError.
+    """
+    uids = list(uids)
+    if n is not None and len(uids) != n:
+        raise ValueError(f"{fn}: uids has {len(uids)} entries for {n} rewards")
+    groups: dict[Hashable, list[int]] = {}
+    for i, u in enumerate(uids):
+        try:
+            groups.setdefault(u, []).append(i)
+        except TypeError as e:  # unhashable uid
+            raise ValueError(f"{fn}: uids[{i}] is not hashable: {u!r}") from e
+    return groups
+
+
+def group_advantages(
+    rewards: Sequence[float] | np.ndarray,
+    uids: Sequence[Hashable],
+    *,
+    std_normalize: bool,
+    eps: float = 1e-6,
+) -> np.ndarray:
+    """Outcome group advantage of each trajectory (spec 1.1).
+
+    With g the group of trajectory i (all trajectories sharing its uid):
+
+    - GRPO (``std_normalize=True``):  ``A_i = (R_i - mean_g R) / (std_g R + eps)``, std unbiased (n-1);
+    - Dr.GRPO / Dr.BoT / SPEAR (``std_normalize=False``): ``A_i = R_i - mean_g R``.
+
+    A group of size 1 uses mean 0 and std 1 (released ``compute_grpo_outcome_advantage``), so its
+    advantage is ``R_i / (1 + eps)`` (GRPO) or ``R_i`` (Dr.GRPO). A group whose rewards are all
+    equal gets advantage 0.
+
+    Returns float64 array of shape [N].
+    """
+    r = _as_rewards(rewards, "group_advantages")
+    if eps < 0:
+        raise ValueError(f"group_advantages: eps must be >= 0, got {eps}")
+    groups = group_indices(uids, len(r), "group_advantages")
+    adv = np.empty_like(r)
+    for idx in groups.values():
+        g = r[idx]
+        if len(idx) == 1:
+            # Released convention: a singleton has no peers, mean 0 / std 1.
+            mean, std = 0.0, 1.0
+        else:
+            mean, std = float(g.mean()), float(g.std(ddof=1))
+        adv[idx] = (g - mean) / (std + eps) if std_normalize else g - mean
+    return adv
+
+
+def group_reward_stats(
+    rewards: Sequence[float] | np.ndarray,
+    uids: Sequence[Hashable],
+    *,
+    ddof: int = 0,
+) -> dict[Hashable, tuple[float, float]]:
+    """Per-group ``(mean, std)`` of the rewards, keyed by uid (order of first appearance).
+
+    ``mean_g = sum R / n``; ``std_g = sqrt(sum (R - mean_g)^2 / (n - ddof))``.
+
+    Used for the SIL baseline history (spec 2.2 step 4). The default ``ddof=0`` (population std)
+    follows the released agent tree (verl-agent ``TrajectoryBufferBatch.update_batch`` uses
+    ``np.std`` over uid groups); the math tree used ``torch.std`` (unbiased, ``ddof=1``). A group of
+    size 1 has std 0 with ``ddof=0``; with ``ddof=1`` it raises (undefined).
+    """
+    r = _as_rewards(rewards, "group_reward_stats")
+    if ddof not in (0, 1):
+        raise ValueError(f"group_reward_stats: ddof must be 0 or 1, got {ddof}")
+    out: dict[Hashable, tuple[float, float]] = {}
+    for u, idx in group_indices(uids, len(r), "group_reward_stats").items():
+        if len(idx) <= ddof:
+            raise ValueError(
+                f"group_reward_stats: group {u!r} has {len(idx)} reward(s); ddof={ddof} needs more"
+            )
+        g = r[idx]
+        out[u] = (float(g.mean()), float(g.std(ddof=ddof)))
+    return out
+
+
+def discounted_step_returns(step_rewards: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
+    """Reward-to-go of each step: ``G_k = sum_{j>=k} gamma^(j-k) r_j`` (spec 3.3).
+
+    Computed backwards, ``G_k = r_k + gamma * G_{k+1}``. An empty sequence gives an empty array.
+    """
+    r = np.asarray(step_rewards, dtype=np.float64)
+    if r.ndim != 1:
+        raise ValueError(f"discounted_step_returns: step_rewards must be 1-D, got shape {r.shape}")
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"discounted_step_returns: gamma must be in [0, 1], got {gamma}")
+    if not np.all(np.isfinite(r)):
+        raise ValueError("discounted_step_returns: step_rewards must be finite")
+    out = np.zeros_like(r)
+    running = 0.0
+    for k in range(len(r) - 1, -1, -1):
+        running = r[k] + gamma * running
+        out[k] = running
+    return out
+
+
+def step_peer_advantages(
+    step_rewards: Sequence[Sequence[float]],
+    uids: Sequence[Hashable],
+    *,
+    gamma: float = 0.9,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """SPADER step-wise peer advantage (spec 3.3).
+
+    For each group (same uid) of G trajectories and each step index k up to the group's longest
+    trajectory, with ``G_k(i)`` the discounted return (``discounted_step_returns``) and
+    ``G_k(i) = 0`` for a trajectory that has no step k (padded):
+
+        mu_k  = (1/G) sum_i G_k(i)
+        var_k = (1/G) sum_i (G_k(i) - mu_k)^2          (population variance)
+        A_k(i) = (G_k(i) - mu_k) / sqrt(var_k + eps)
+
+    Returns one float64 array per trajectory with exactly its own number of steps (the padded
+    steps' advantages are 0 by definition and are not returned). A group of size 1 gets 0.
+    """
+    if len(step_rewards) == 0:
+        raise ValueError("step_peer_advantages: step_rewards is empty")
+    if eps < 0:
+        raise ValueError(f"step_peer_advantages: eps must be >= 0, got {eps}")
+    returns = [discounted_step_returns(r, gamma) for r in step_rewards]
+    groups = group_indices(uids, len(returns), "step_peer_advantages")
+    out: list[np.ndarray] = [np.zeros(0)] * len(returns)
+    for idx in groups.values():
+        k_max = max(len(returns[i]) for i in idx)
+        # Padded matrix: missing steps stay 0 and still count in the peer mean ("baseline includes
+        # zeros for stopped agents", released compute_masked_step_grpo_advantage).
+        mat = np.zeros((len(idx), k_max))
+        for row, i in enumerate(idx):
+            mat[row, : len(returns[i])] = returns[i]
+        mu = mat.mean(axis=0)
+        var = mat.var(axis=0)  # ddof=0
+        adv = (mat - mu) / np.sqrt(var + eps)
+        for row, i in enumerate(idx):
+            out[i] = adv[row, : len(returns[i])].copy()
+    return out
+
+
+def broadcast_step_advantages(token_steps: np.ndarray, step_advantages: Sequence[float] | np.ndarray
+                              ) -> np.ndarray:
+    """Per-token advantage from per-step advantages.
+
+    ``out[t] = A[s_t]`` if ``0 <= s_t < len(A)``, else 0, where ``s_t = token_steps[t]`` (-1 on
+    prompt and observation tokens). Steps beyond ``len(A)`` get 0 (a padded step has advantage 0).
+    Works for any shape of ``token_steps``; returns float32 of the same shape (the dtype of
+    ``TokenBatch.advantages``).
+    """
+    steps = np.asarray(token_steps)
+    if steps.size and not np.issubdtype(steps.dtype, np.integer):
+        raise ValueError(
+            f"broadcast_step_advantages: token_steps must hold integers, got dtype {steps.dtype}"
+        )
+    adv = np.asarray(step_advantages, dtype=np.float64)
+    if adv.ndim != 1:
+        raise ValueError(
+            f"broadcast_step_advantages: step_advantages must be 1-D, got shape {adv.shape}"
+        )
+    steps = steps.astype(np.int64, copy=False)
+    out = np.zeros(steps.shape, dtype=np.float32)
+    valid = (steps >= 0) & (steps < len(adv))
+    out[valid] = adv[steps[valid]]
+    return out

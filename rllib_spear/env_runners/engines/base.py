@@ -1,0 +1,72 @@
+"""The generation-engine interface shared by the HF and vLLM engines.
+
+Token-in/token-out: prompts are token ids, outputs are the sampled token ids exactly as the
+engine produced them (stop strings and the end-of-turn token kept), with the log-prob of each
+sampled token under the *sampling* distribution at temperature T (logits / T, before top-p/top-k
+truncation), which is what the trainer recomputes.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Sequence
+
+import torch
+
+__all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine"]
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters, mirrored on vLLM's SamplingParams."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = disabled (vLLM convention)
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)  # stop strings, kept in the output
+    stop_token_ids: list[int] = field(default_factory=list)  # eos is always a stop
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(f"SamplingConfig.temperature must be > 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingConfig.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass
+class GenerationOutput:
+    """One completion: sampled ids, their log-probs, and why generation stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+class GenerationEngine(ABC):
+    """A batched sampler over token-id prompts with in-place, versioned weight updates."""
+
+    #: Version of the weights currently served (0 = initial weights).
+    version: int = 0
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[GenerationOutput]:
+        """Sample one completion per prompt. ``max_new_tokens`` optionally caps each prompt
+        separately (context budget); otherwise ``sampling.max_new_tokens`` applies to all."""
+
+    @abstractmethod
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new policy weights in place and set ``self.version = version``."""
+
+    def shutdown(self) -> None:  # pragma: no cover - engines with resources override
+        """Release engine resources."""

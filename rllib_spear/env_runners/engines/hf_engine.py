@@ -1,0 +1,251 @@
+"""The transformers generation engine: batched, left-padded sampling with a KV cache.
+
+The CPU default and the numerical reference. Its own decode loop (rather than
+``model.generate``) gives exact control of what RL needs: the log-prob of each sampled token under
+softmax(logits / T) (before top-k/top-p), stop strings checked as they complete, per-prompt token
+caps, seeded sampling, and rows leave the batch (and its KV cache) as soon as they finish.
+"""
+from __future__ import annotations
+
+import random
+from typing import Mapping, Sequence
+
+import torch
+
+from .base import GenerationEngine, GenerationOutput, SamplingConfig
+
+__all__ = ["HFEngine", "apply_top_k_top_p"]
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def _as_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) logits outside the top-k and outside the smallest set with mass >= top_p.
+    ``top_k = -1`` and ``top_p = 1`` disable the filters. Returns a new tensor."""
+    if top_k is not None and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # drop a token when the mass before it already reaches top_p (always keeps the first)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class HFEngine(GenerationEngine):
+    """Sample completions from a transformers causal LM.
+
+    Args:
+        model_path: a ``save_pretrained`` folder (model and tokenizer), unless ``model`` and
+            ``tokenizer`` are given.
+        model, tokenizer: an already loaded model/tokenizer (e.g. the learner's, for tests).
+        dtype: weights dtype when loading (``"float32"`` default; ``"bfloat16"`` on GPU).
+        device: ``"cpu"`` or ``"cuda"``.
+        max_batch_size: split larger ``generate`` calls into chunks of this many prompts.
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        model=None,
+        tokenizer=None,
+        dtype="float32",
+        device: str | torch.device = "cpu",
+        max_batch_size: int | None = None,
+        attn_implementation: str | None = "sdpa",
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if model is None:
+            if model_path is None:
+                raise ValueError("HFEngine needs model_path or model")
+            kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_as_dtype(dtype), **kw)
+        if tokenizer is None:
+            src = model_path or getattr(model, "name_or_path", None)
+            if src is None:
+                raise ValueError("HFEngine needs a tokenizer (or model_path to load it from)")
+            tokenizer = AutoTokenizer.from_pretrained(src)
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.version = 0
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        self.pad_token_id = int(pad)
+        eos: set[int] = set()
+        for src in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            if src is None:
+                continue
+            eos.update([src] if isinstance(src, int) else list(src))
+        self.eos_token_ids = sorted(eos)
+        backend = getattr(tokenizer, "_tokenizer", None)
+        self._decode_batch = (
+            (lambda seqs: backend.decode_batch(seqs, skip_special_tokens=False))
+            if backend is not None and hasattr(backend, "decode_batch")
+            else (lambda seqs: tokenizer.batch_decode(seqs, skip_special_tokens=False))
+        )
+
+    # ------------------------------------------------------------------ generation
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[GenerationOutput]:
+        sampling.validate()
+        n = len(prompts)
+        if max_new_tokens is not None and len(max_new_tokens) != n:
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
+        caps = [
+            min(sampling.max_new_tokens, int(max_new_tokens[i])) if max_new_tokens is not None else sampling.max_new_tokens
+            for i in range(n)
+        ]
+        for i, p in enumerate(prompts):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**63))
+        outputs: list[GenerationOutput | None] = [None] * n
+        todo = [i for i in range(n) if caps[i] > 0]
+        for i in range(n):
+            if caps[i] <= 0:
+                outputs[i] = GenerationOutput([], [], "length")
+        bs = self.max_batch_size or max(1, len(todo))
+        for s in range(0, len(todo), bs):
+            idx = todo[s : s + bs]
+            res = self._generate_batch([prompts[i] for i in idx], sampling, [caps[i] for i in idx], gen)
+            for i, r in zip(idx, res):
+                outputs[i] = r
+        return outputs  # type: ignore[return-value]
+
+    def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
+        from transformers import DynamicCache
+
+        dev = self.device
+        B = len(prompts)
+        L = max(len(p) for p in prompts)
+        ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, L - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+            attn[i, L - len(p) :] = 1
+        ids, attn = ids.to(dev), attn.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+
+        stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)), dtype=torch.long, device=dev)
+        stops = [s for s in sampling.stop if s]
+        tail = (max(len(s.encode("utf-8")) for s in stops) + 1) if stops else 0
+        T = float(sampling.temperature)
+        max_cap = max(caps)
+
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        reasons: list[str] = ["length"] * B
+        caps_t = torch.tensor(caps, device=dev)
+        rows = torch.arange(B, device=dev)  # original row of each live batch slot
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
+        )
+        logits = out.logits[:, -1]
+        last_pos = pos[:, -1]
+        step_tokens, step_lps = [], []  # per step: [live] tensors, mapped by `rows` snapshots
+        for step in range(max_cap):
+            scaled = logits.float()
+            if T != 1.0:
+                scaled = scaled / T
+            logp_full = torch.log_softmax(scaled, dim=-1)
+            filt = apply_top_k_top_p(scaled, sampling.top_k, sampling.top_p)
+            probs = torch.softmax(filt, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            lp = logp_full.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
+            nxt_l, lp_l, rows_l = nxt.tolist(), lp.tolist(), rows.tolist()
+            for t, l, r in zip(nxt_l, lp_l, rows_l):
+                toks[r].append(t)
+                lps[r].append(l)
+            done = torch.isin(nxt, stop_ids)
+            if stops:
+                live_rows = [r for r, d in zip(rows_l, done.tolist()) if not d]
+                if live_rows:
+                    texts = self._decode_batch([toks[r][-tail:] for r in live_rows])
+                    hit = {r for r, txt in zip(live_rows, texts) if any(s in txt for s in stops)}
+                    if hit:
+                        done = done | torch.tensor([r in hit for r in rows_l], device=dev)
+            for r, d in zip(rows_l, done.tolist()):
+                if d:
+                    reasons[r] = "stop"
+            done = done | (step + 1 >= caps_t[rows])
+            if bool(done.all()):
+                break
+            keep = (~done).nonzero().squeeze(-1)
+            if keep.numel() < rows.numel():
+                cache.batch_select_indices(keep)
+                rows, nxt, attn, last_pos = rows[keep], nxt[keep], attn[keep], last_pos[keep]
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(
+                input_ids=nxt.unsqueeze(-1),
+                attention_mask=attn,
+                position_ids=last_pos.unsqueeze(-1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1]
+        return [GenerationOutput(toks[i], lps[i], reasons[i]) for i in range(B)]  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ scoring / weights
+    @torch.inference_mode()
+    def score(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+        """log p(x_t | x_<t) of every token of each sequence (entry 0 is 0.0), teacher-forced."""
+        from rllib_spear.models.logprobs import token_logprobs
+
+        out = []
+        for seq in sequences:
+            ids = torch.as_tensor([list(seq)], dtype=torch.long, device=self.device)
+            out.append(token_logprobs(self.model, ids, torch.ones_like(ids), temperature=temperature)[0].tolist())
+        return out
+
+    @torch.no_grad()
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy ``state_dict`` (HF parameter names, any dtype/device) into the model in place.
+        Missing keys are allowed only for tied weights; unknown keys raise."""
+        params = dict(self.model.named_parameters())
+        params.update(dict(self.model.named_buffers()))
+        unknown = [k for k in state_dict if k not in params]
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
+        for k, v in state_dict.items():
+            t = torch.as_tensor(v) if not isinstance(v, torch.Tensor) else v
+            dst = params[k]
+            if dst.shape != t.shape:
+                raise ValueError(f"update_weights: {k} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
+            dst.copy_(t.to(device=dst.device, dtype=dst.dtype))
+        self.version = int(version)
+
+    def shutdown(self) -> None:
+        self.model = None

@@ -1,0 +1,183 @@
+"""LLMEnvRunner: an RLlib EnvRunner that runs multi-turn tool episodes with an LLM engine.
+
+It holds a generation engine (HF or vLLM), the tokenizer with its chat template, and a pool of
+tool environments (see ``rollout.MultiTurnRollout``). The driver calls ``sample_groups`` with
+the tasks of this runner; weights arrive through RLlib's ``sync_weights`` -> ``set_state`` with
+torch tensors (never RLlib's float32-numpy conversion) and a version (WEIGHTS_SEQ_NO) that every
+trajectory records.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import ray
+from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+from ray.rllib.env import INPUT_ENV_SPACES
+from ray.rllib.env.env_runner import EnvRunner
+from ray.rllib.utils.checkpoints import Checkpointable
+from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
+
+from ..core.trajectory import Trajectory
+from .engines.base import SamplingConfig
+from .rollout import MultiTurnRollout, RolloutConfig
+
+__all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state"]
+
+
+def resolve_model_path(path: str, env_name: str = "search_qa") -> str:
+    """'embedded' -> the project's tiny cold-start policy (built and cached on first use)."""
+    if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
+        from ..models import default_policy_path
+
+        task = path.split(":", 1)[1] if ":" in path and path.split(":", 1)[1] != "default" else env_name
+        try:
+            return default_policy_path(task=task)
+        except TypeError:  # older signature without task
+            return default_policy_path()
+    return path
+
+
+def hf_state_dict_from_module_state(state: Any) -> dict:
+    """Unwrap what RLlib's weight sync delivers into an HF ``state_dict`` of torch tensors."""
+    if isinstance(state, ray.ObjectRef):
+        state = ray.get(state)
+    if isinstance(state, dict) and COMPONENT_RL_MODULE in state:
+        state = state[COMPONENT_RL_MODULE]
+    if isinstance(state, ray.ObjectRef):
+        state = ray.get(state)
+    if isinstance(state, dict) and DEFAULT_MODULE_ID in state:
+        state = state[DEFAULT_MODULE_ID]
+    from ..models.rl_module import HFCausalLMRLModule
+
+    return HFCausalLMRLModule.hf_state_dict_from_state(state)
+
+
+class LLMEnvRunner(EnvRunner, Checkpointable):
+    """Samples groups of multi-turn tool-use trajectories."""
+
+    def __init__(self, *, config, **kwargs: Any) -> None:
+        super().__init__(config=config, **kwargs)
+        self.worker_index = int(kwargs.get("worker_index", 0))
+        self._weights_seq_no = 0
+        self.metrics = MetricsLogger()
+        self._rollout: MultiTurnRollout | None = None
+        self._build()
+
+    # ------------------------------------------------------------------ construction
+    def _build(self) -> None:
+        from transformers import AutoTokenizer
+
+        from ..envs import make_env
+        from .engines import make_engine
+
+        cfg = self.config
+        torch_threads = os.environ.get("RLLIB_SPEAR_TORCH_THREADS")
+        if torch_threads:
+            import torch
+
+            torch.set_num_threads(int(torch_threads))
+        model_path = resolve_model_path(cfg.model_config["model_path"], cfg.env)
+        self.model_path = model_path
+        seed = int(cfg.seed or 0) * 1000 + self.worker_index
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        engine_kwargs = dict(cfg.engine_kwargs or {})
+        engine_kwargs.setdefault("seed", seed)
+        if cfg.engine == "hf":
+            engine_kwargs.setdefault("dtype", cfg.model_config.get("dtype", "float32"))
+        self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
+        sampling = SamplingConfig(
+            temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+            max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop), seed=seed,
+        )
+        sampling.validate()
+        env_name, env_config = cfg.env, dict(cfg.env_config or {})
+        self._rollout = MultiTurnRollout(
+            engine=self.engine, tokenizer=self.tokenizer,
+            env_factory=lambda: make_env(env_name, **env_config),
+            sampling=sampling,
+            config=RolloutConfig(
+                max_turns=cfg.max_turns, max_model_len=cfg.max_model_len,
+                max_response_tokens=cfg.max_response_tokens,
+                max_observation_tokens=cfg.max_observation_tokens,
+                observation_template=cfg.observation_template,
+            ),
+        )
+        self._sample_calls = 0
+
+    # ------------------------------------------------------------------ EnvRunner API
+    def assert_healthy(self) -> None:
+        assert self._rollout is not None, "LLMEnvRunner: engine not built"
+
+    def get_spaces(self) -> dict:
+        spaces = (self.config.observation_space, self.config.action_space)
+        return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
+
+    def sample_groups(self, *, tasks: Sequence[dict], group_size: int,
+                      policy_version: int | None = None) -> dict[str, Any]:
+        """Run ``group_size`` episodes for each task; returns trajectories and stats."""
+        assert self._rollout is not None
+        # Distinct sampling seeds per call (still reproducible from the run seed).
+        base = self._rollout.sampling.seed
+        if base is not None:
+            self._rollout.sampling.seed = (int(self.config.seed or 0) * 1000 + self.worker_index) \
+                * 100003 + self._sample_calls
+        self._sample_calls += 1
+        trajs, stats = self._rollout.run(tasks, group_size, policy_version=self._weights_seq_no)
+        self.metrics.log_value("generated_tokens", stats.generated_tokens, reduce="sum")
+        self.metrics.log_value("generation_time_s", stats.generation_time_s, reduce="sum")
+        self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")
+        self.metrics.log_value("num_episodes", len(trajs), reduce="sum")
+        return {
+            "trajectories": trajs,
+            "worker_index": self.worker_index,
+            "stats": {
+                "generation_time_s": stats.generation_time_s,
+                "env_time_s": stats.env_time_s,
+                "generated_tokens": stats.generated_tokens,
+                "engine_calls": stats.engine_calls,
+                "weights_seq_no": self._weights_seq_no,
+            },
+        }
+
+    def sample(self, *, tasks: Sequence[dict] | None = None, group_size: int | None = None,
+               **kwargs: Any) -> list[Trajectory]:
+        """RLlib's sampling entry point: tasks must be given (the driver owns the dataset)."""
+        if tasks is None:
+            raise ValueError("LLMEnvRunner.sample needs tasks=...; the algorithm's training_step "
+                             "draws them from its dataset and calls sample_groups")
+        return self.sample_groups(tasks=tasks, group_size=group_size or self.config.group_size)[
+            "trajectories"]
+
+    def get_metrics(self) -> dict:
+        return self.metrics.reduce()
+
+    @property
+    def weights_version(self) -> int:
+        return self._weights_seq_no
+
+    def stop(self) -> None:
+        if self._rollout is not None:
+            self.engine.shutdown()
+
+    # ------------------------------------------------------------------ Checkpointable
+    def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
+        return {WEIGHTS_SEQ_NO: self._weights_seq_no}
+
+    def set_state(self, state: Any) -> None:
+        if isinstance(state, ray.ObjectRef):
+            state = ray.get(state)
+        seq = int(state.get(WEIGHTS_SEQ_NO, 0))
+        # Apply on any version change (a restore may go back to an older version).
+        if COMPONENT_RL_MODULE in state and (seq == 0 or seq != self._weights_seq_no):
+            sd = hf_state_dict_from_module_state(state[COMPONENT_RL_MODULE])
+            if sd:
+                self.engine.update_weights(sd, version=seq)
+        self._weights_seq_no = seq
+
+    def get_ctor_args_and_kwargs(self):
+        return ((), {"config": self.config})
+
+    def get_checkpointable_components(self):
+        return []

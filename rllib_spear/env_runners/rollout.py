@@ -1,0 +1,237 @@
+"""The multi-turn rollout loop: engine + tokenizer + tool environments -> Trajectories.
+
+No Ray here: ``LLMEnvRunner`` wraps this class for RLlib, and tests drive it directly.
+
+Token-in/token-out: the prompt is tokenized once from the environment's initial messages with
+the chat template; each assistant turn keeps exactly the ids the engine sampled (never decoded
+and re-encoded); each observation is tokenized once, wrapped by ``ObservationTemplate`` into a
+new user turn followed by the generation prompt of the next assistant turn.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..core.trajectory import Segment, Trajectory
+from ..envs.base import ToolEnv
+from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
+
+__all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout"]
+
+
+@dataclass(frozen=True)
+class ObservationTemplate:
+    """How a tool observation is rendered as tokens after an assistant turn.
+
+    The assistant turn ends with the end-of-turn token the model sampled (e.g. ``<|im_end|>``);
+    the observation segment adds what the chat template puts after it, the observation as a
+    user turn, and the next assistant header.
+    """
+
+    prefix: str
+    suffix: str
+
+    @classmethod
+    def named(cls, name: str) -> "ObservationTemplate":
+        if name == "chatml":  # Qwen2.5/Qwen3, SmolLM2, the embedded model
+            return cls("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+        if name == "llama3":
+            return cls(
+                "<|start_header_id|>user<|end_header_id|>\n\n",
+                "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+            )
+        raise ValueError(
+            f"observation_template must be 'chatml' or 'llama3', got {name!r}"
+        )
+
+    def render(self, observation: str) -> str:
+        return f"{self.prefix}{observation}{self.suffix}"
+
+
+@dataclass
+class RolloutConfig:
+    """Limits of one multi-turn episode.
+
+    ``max_turns``: assistant turns per episode. ``max_model_len``: prompt + response tokens
+    (the model's context). ``max_response_tokens``: assistant + observation tokens after the
+    prompt (Dr.BoT's "overlong" threshold and T_norm of seq-mean-token-sum-norm).
+    ``max_observation_tokens``: an observation longer than this is cut (tail dropped).
+    """
+
+    max_turns: int = 4
+    max_model_len: int = 1024
+    max_response_tokens: int = 512
+    max_observation_tokens: int = 256
+    observation_template: str = "chatml"
+    min_generation_tokens: int = 8  # stop cleanly when less than this is left in the budget
+
+
+@dataclass
+class RolloutStats:
+    """Timing/throughput counters of one ``run`` call."""
+
+    generation_time_s: float = 0.0
+    env_time_s: float = 0.0
+    generated_tokens: int = 0
+    engine_calls: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Episode:
+    uid: str
+    env: ToolEnv
+    segments: list[Segment]
+    context: list[int]
+    texts: list[str] = field(default_factory=list)
+    turns: int = 0
+    response_tokens: int = 0
+    done: bool = False
+    truncated: bool = False
+    reached_max_length: bool = False
+    outcome_reward: float = 0.0
+
+
+class MultiTurnRollout:
+    """Runs groups of G episodes per task with one batched engine call per turn."""
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        env_factory: Callable[[], ToolEnv],
+        sampling: SamplingConfig,
+        config: RolloutConfig | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.sampling = sampling
+        self.config = config or RolloutConfig()
+        self.obs_template = ObservationTemplate.named(self.config.observation_template)
+        self._env_pool: list[ToolEnv] = []
+        eos = tokenizer.eos_token_id
+        if eos is not None and eos not in self.sampling.stop_token_ids:
+            self.sampling.stop_token_ids = [*self.sampling.stop_token_ids, int(eos)]
+
+    # -- env pool: environments are reused across calls (they may hold retrievers/sandboxes)
+    def _acquire_env(self) -> ToolEnv:
+        return self._env_pool.pop() if self._env_pool else self.env_factory()
+
+    def _release_env(self, env: ToolEnv) -> None:
+        self._env_pool.append(env)
+
+    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in some versions
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def run(
+        self, tasks: Sequence[dict[str, Any]], group_size: int, policy_version: int = 0
+    ) -> tuple[list[Trajectory], RolloutStats]:
+        """Sample ``group_size`` episodes for every task; returns finished trajectories in
+        task order (all G of a task share the task's ``uid``)."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        cfg = self.config
+        stats = RolloutStats()
+        episodes: list[_Episode] = []
+        t0 = time.perf_counter()
+        for task in tasks:
+            uid = str(task.get("uid", uuid.uuid4().hex))
+            for _ in range(group_size):
+                env = self._acquire_env()
+                messages = env.reset(task)
+                prompt = self._prompt_ids(messages)
+                if len(prompt) + cfg.min_generation_tokens > cfg.max_model_len:
+                    raise ValueError(
+                        f"task {uid}: prompt has {len(prompt)} tokens, more than "
+                        f"max_model_len={cfg.max_model_len} allows; raise max_model_len"
+                    )
+                episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt)))
+        stats.env_time_s += time.perf_counter() - t0
+
+        live = list(episodes)
+        while live:
+            caps = [self._generation_cap(ep) for ep in live]
+            t0 = time.perf_counter()
+            outs = self.engine.generate([ep.context for ep in live], self.sampling, caps)
+            stats.generation_time_s += time.perf_counter() - t0
+            stats.engine_calls += 1
+            t0 = time.perf_counter()
+            for ep, out in zip(live, outs):
+                self._consume(ep, out, stats)
+            stats.env_time_s += time.perf_counter() - t0
+            live = [ep for ep in live if not ep.done]
+
+        trajs = [self._finish(ep, policy_version) for ep in episodes]
+        return trajs, stats
+
+    def _generation_cap(self, ep: _Episode) -> int:
+        cfg = self.config
+        left_ctx = cfg.max_model_len - len(ep.context)
+        left_resp = cfg.max_response_tokens - ep.response_tokens
+        return max(1, min(self.sampling.max_new_tokens, left_ctx, left_resp))
+
+    def _consume(self, ep: _Episode, out: GenerationOutput, stats: RolloutStats) -> None:
+        cfg = self.config
+        ids = list(out.token_ids)
+        ep.segments.append(Segment("assistant", ids, list(out.logprobs), step=ep.turns))
+        ep.context.extend(ids)
+        ep.response_tokens += len(ids)
+        ep.turns += 1
+        stats.generated_tokens += len(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        ep.texts.append(text)
+        try:
+            res = ep.env.step(text)
+        except Exception as exc:  # environments must not crash a run; record and end it
+            ep.done, ep.truncated = True, True
+            ep.env_error = repr(exc)  # type: ignore[attr-defined]
+            return
+        ep.outcome_reward += float(res.reward)
+        if res.done or res.observation is None:
+            ep.done = True
+            return
+        if ep.turns >= cfg.max_turns:
+            ep.done, ep.truncated = True, True
+            return
+        obs_ids = self.tokenizer.encode(self.obs_template.render(res.observation),
+                                        add_special_tokens=False)
+        if len(obs_ids) > cfg.max_observation_tokens:
+            # Keep the template suffix (next assistant header) so the format stays valid.
+            suffix = self.tokenizer.encode(self.obs_template.suffix, add_special_tokens=False)
+            obs_ids = obs_ids[: cfg.max_observation_tokens - len(suffix)] + suffix
+        room_ctx = cfg.max_model_len - (len(ep.context) + len(obs_ids))
+        room_resp = cfg.max_response_tokens - (ep.response_tokens + len(obs_ids))
+        if min(room_ctx, room_resp) < cfg.min_generation_tokens:
+            # Context budget: stop before exceeding the model's length; flagged truncated.
+            ep.done, ep.truncated, ep.reached_max_length = True, True, True
+            return
+        ep.segments.append(Segment("observation", obs_ids, None, step=ep.turns - 1))
+        ep.context.extend(obs_ids)
+        ep.response_tokens += len(obs_ids)
+
+    def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
+        stats = dict(ep.env.episode_stats())
+        reached = ep.reached_max_length or ep.response_tokens >= self.config.max_response_tokens
+        info = {
+            **stats,
+            "turns": ep.turns,
+            "reached_max_length": bool(reached),
+            "assistant_texts": ep.texts,
+        }
+        if hasattr(ep, "env_error"):
+            info["env_error"] = ep.env_error  # type: ignore[attr-defined]
+        outcome = float(stats.get("outcome_reward", ep.outcome_reward))
+        self._release_env(ep.env)
+        return Trajectory(
+            uid=ep.uid, segments=ep.segments, outcome_reward=outcome,
+            step_rewards=[0.0] * ep.turns, policy_version=policy_version,
+            truncated=ep.truncated, info=info, traj_id=uuid.uuid4().hex,
+        )

@@ -1,0 +1,56 @@
+"""The tool-environment interface.
+
+One ``ToolEnv`` instance runs one episode at a time (``reset`` starts a new one); the rollout
+worker keeps a pool of instances, so many episodes run concurrently without shared state.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StepResult", "ToolEnv"]
+
+
+@dataclass
+class StepResult:
+    """What ``ToolEnv.step`` returns.
+
+    ``observation`` is the tool output already wrapped in its tags (e.g.
+    ``<information>...</information>``, ``<tool_response>...</tool_response>``), or None when the
+    episode is done. The rollout worker puts it into a new user turn of the chat template.
+    ``reward`` is the outcome reward paid on this step (usually 0 until the final step).
+    """
+
+    observation: str | None
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class ToolEnv(ABC):
+    """A multi-turn text environment with tools.
+
+    Subclasses keep per-episode state only on ``self`` and expose the counters the algorithms
+    need through ``episode_stats()``.
+    """
+
+    @abstractmethod
+    def reset(self, task: dict[str, Any]) -> list[dict[str, str]]:
+        """Start an episode for ``task`` and return the initial chat messages
+        (``[{"role": "system", ...}, {"role": "user", ...}]``)."""
+
+    @abstractmethod
+    def step(self, assistant_text: str) -> StepResult:
+        """Consume one assistant turn (decoded text) and return the observation and reward.
+        Never raises on bad model output: malformed calls become error observations."""
+
+    @abstractmethod
+    def episode_stats(self) -> dict[str, Any]:
+        """Counters of the current episode. Keys every environment provides:
+        ``tool_calls`` (int), ``queries_per_step`` (list[int], one per step incl. the answer
+        step), ``success`` (bool), ``format_ok`` (bool), ``has_answer`` (bool),
+        ``outcome_reward`` (float). Environments add their own (``em``, ``f1``, ``precision``,
+        ``recall``, ``found_entities_per_step`` (list[list[int]]: indices (into the deduplicated gold
+        entity list) of every gold entity found in each step's observation, repeats included;
+        SPADER's reward keeps only first discoveries), ``num_gold_entities``...)."""

