@@ -103,6 +103,20 @@ def _blocks(text: str, tag: str) -> tuple[list[str], bool]:
     return out, unclosed
 
 
+def _first_complete(text: str, tags: tuple[str, ...]) -> tuple[str, str] | None:
+    """The leftmost complete ``<t>..</t>`` block over several tags (what the regex
+    ``<(a|b)>(.*?)</\\1>`` finds), in linear time."""
+    best = None
+    for t in tags:
+        o = text.find(f"<{t}>")
+        if o < 0:
+            continue
+        c = text.find(f"</{t}>", o + len(t) + 2)
+        if c >= 0 and (best is None or o < best[0]):
+            best = (o, t, text[o + len(t) + 2 : c])
+    return None if best is None else (best[1], best[2])
+
+
 def extract_answer(text: str) -> str | None:
     """Content of the last complete ``<answer>..</answer>`` block (stripped), or None."""
     blocks, _ = _blocks(_cut(text), "answer")
@@ -115,7 +129,8 @@ def extract_boxed(text: str) -> str | None:
     best = None
     for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
         depth, k = 1, m.end()
-        while k < len(text) and depth:
+        end = min(len(text), k + 20_000)  # bounded scan: no quadratic blow-up on many unclosed \\boxed{
+        while k < end and depth:
             c = text[k]
             if c == "{":
                 depth += 1
@@ -175,7 +190,7 @@ class SearchR1Parser:
 
     def parse(self, text: str) -> ParsedTurn:
         text = _cut(text)
-        m = re.search(r"<(search|answer)>(.*?)</\1>", text, re.DOTALL)
+        m = _first_complete(text, ("search", "answer"))
         n_search = len(_blocks(text, "search")[0])
         if m is None:
             if "<search>" in text or "<answer>" in text:
@@ -185,11 +200,11 @@ class SearchR1Parser:
                 error="no action. To search, put the query between <search> and </search>. "
                 "To answer, put the answer between <answer> and </answer>.",
             )
-        if m.group(1) == "answer":
-            return ParsedTurn("answer", answer=m.group(2).strip())
+        if m[0] == "answer":
+            return ParsedTurn("answer", answer=m[1].strip())
         if n_search > 1:
             return ParsedTurn("invalid", error="only one <search> per turn", num_queries=n_search)
-        q = _clean_queries([m.group(2)])
+        q = _clean_queries([m[1]])
         if not q:
             return ParsedTurn("invalid", error="empty search query", num_queries=1)
         return ParsedTurn("tool", calls=[ToolCall("search", {"queries": q})], num_queries=1)
@@ -326,12 +341,28 @@ class HermesParser:
         return ParsedTurn("tool", calls=calls, num_queries=n)
 
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
+_FENCE_ANY = re.compile(r"```[ \t]*(?:python3|python|py)?[ \t]*\n")
+_FENCE_PY = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\n")
+
+
+def _fences(text: str, pattern: re.Pattern) -> tuple[list[str], bool]:
+    """Code inside fences opened by ``pattern`` and closed by ```` ``` ````, linear time; also
+    whether a fence is left unclosed."""
+    out, pos = [], 0
+    while True:
+        m = pattern.search(text, pos)
+        if m is None:
+            return out, False
+        j = text.find("```", m.end())
+        if j < 0:
+            return out, True
+        out.append(text[m.end() : j])
+        pos = j + 3
 
 
 def _strip_fence(code: str) -> str:
-    m = _FENCE.search(code)
-    return m.group(1) if m else code
+    blocks, _ = _fences(code, _FENCE_ANY)
+    return blocks[0] if blocks else code
 
 
 class CodeParser:
@@ -348,9 +379,8 @@ class CodeParser:
         else:
             if unclosed:
                 return ParsedTurn("invalid", error="unclosed <code> tag")
-            codes = [m.group(1) for m in re.finditer(r"```[ \t]*(?:python|py|python3)[ \t]*\n(.*?)```", text,
-                                                     re.DOTALL)]
-            if not codes and re.search(r"```[ \t]*(?:python|py|python3)[ \t]*\n", text):
+            codes, fence_open = _fences(text, _FENCE_PY)
+            if not codes and fence_open:
                 return ParsedTurn("invalid", error="unclosed ```python fence")
         if not codes:
             return ParsedTurn("answer", answer=extract_boxed(text))

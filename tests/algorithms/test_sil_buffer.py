@@ -11,7 +11,6 @@ from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
 
 from rllib_spear.algorithms.spear.sil_buffer import (
     SILReplayBuffer,
-    group_reward_stats,
     nearest_lower_power_of_2,
 )
 from rllib_spear.core.trajectory import Segment, Trajectory
@@ -260,11 +259,13 @@ def test_replay_interface_adapters():
     assert buf.baseline_history[-1][1:] == ([1.0], [0.0])
 
 
-def test_group_reward_stats_by_uid():
+def test_default_group_stats_by_uid():
+    buf = SILReplayBuffer()
     ts = [traj(1.0, uid="a"), traj(0.0, uid="b"), traj(0.0, uid="a"), traj(4.0, uid="b")]
-    means, stds = group_reward_stats(ts)
+    buf.add_batch(ts, [0.0] * 4, 1)  # non-contiguous groups: found by uid
+    _, means, stds = buf.baseline_history[-1]
     assert means == pytest.approx([0.5, 2.0])
-    assert stds == pytest.approx([0.5, 2.0])
+    assert stds == pytest.approx([0.5, 2.0])  # population std (ddof=0)
 
 
 # ---- checkpoint ---------------------------------------------------------------------------------

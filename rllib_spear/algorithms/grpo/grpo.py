@@ -24,7 +24,7 @@ from ray.rllib.utils.metrics import (
     NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME, TIMERS,
 )
 
-from ...core.advantages import group_advantages, group_reward_stats
+from ...core.advantages import group_advantages, step_peer_advantages
 from ...core.filters import group_std_filter, response_filter_reasons
 from ...core.trajectory import Trajectory
 from .batching import LearnerRow, build_learner_batches
@@ -34,6 +34,15 @@ from .task_sampler import TaskSampler
 __all__ = ["GRPO", "DrBoT"]
 
 _STATE_KEY = "rllib_spear"
+
+
+def step_rewards_with_outcome(t: Trajectory) -> list[float]:
+    """Per-step rewards r_k with the episode-level reward terms added on the last step, so that
+    sum_k r_k == t.total_reward."""
+    r = [float(x) for x in t.step_rewards] or [0.0]
+    r = r + [0.0] * max(0, t.num_steps - len(r))
+    r[-1] += float(t.outcome_reward + sum(t.rewards.values()))
+    return r
 
 
 class GRPO(Algorithm):
@@ -64,10 +73,25 @@ class GRPO(Algorithm):
         """Add algorithm-specific reward terms to ``traj.rewards`` / ``traj.step_rewards``."""
 
     def compute_advantages(self, trajs: list[Trajectory]) -> tuple[list[np.ndarray], np.ndarray]:
-        """Per-token advantages of each trajectory and the scalar (episode) advantage."""
+        """Per-token advantages of each trajectory and a scalar episode advantage.
+
+        ``grpo``: outcome advantage of R_i (1.1) on every assistant token. ``spa``: SPADER's
+        step-wise peer advantage (3.3) over per-step rewards, where the episode-level terms
+        (outcome, named components such as SPEAR's tool bonus) are paid on the last step.
+        The scalar episode advantage (R_i - group mean, for SIL admission) is returned either way.
+        """
+        cfg = self.config
         rewards = np.array([t.total_reward for t in trajs], np.float64)
         uids = [t.uid for t in trajs]
-        adv = group_advantages(rewards, uids, std_normalize=self.config.std_normalize_advantages)
+        adv = group_advantages(rewards, uids, std_normalize=cfg.std_normalize_advantages)
+        if cfg.advantage_estimator == "spa":
+            per_step = [step_rewards_with_outcome(t) for t in trajs]
+            step_adv = step_peer_advantages(per_step, uids, gamma=cfg.spa_gamma)
+            token_adv = [t.token_advantages(a) for t, a in zip(trajs, step_adv)]
+            for t, a in zip(trajs, step_adv):
+                t.info["step_advantages"] = [float(x) for x in a]
+            episode_adv = group_advantages(rewards, uids, std_normalize=False)
+            return token_adv, episode_adv
         return [t.token_advantages(float(a)) for t, a in zip(trajs, adv)], adv
 
     def replay_rows(self, step: int) -> tuple[list[LearnerRow], bool]:
@@ -112,14 +136,16 @@ class GRPO(Algorithm):
         self.metrics.log_value("algo_step", step, window=1)
 
     # ------------------------------------------------------------------ pieces
-    def _sample(self, tasks: list[dict], step: int) -> tuple[list[Trajectory], list[dict]]:
+    def _sample(self, tasks: list[dict], step: int, group_size: int | None = None
+                ) -> tuple[list[Trajectory], list[dict]]:
         cfg = self.config
+        G = int(group_size or cfg.group_size)
         group = self.env_runner_group
         version = self._policy_version
         self._sampled_version = version
         if group.num_remote_env_runners() == 0:
             local = group.local_env_runner
-            out = local.sample_groups(tasks=tasks, group_size=cfg.group_size, policy_version=version)
+            out = local.sample_groups(tasks=tasks, group_size=G, policy_version=version)
             return list(out["trajectories"]), [out["stats"]]
         ids = group.healthy_env_runner_ids()
         if not ids:
@@ -129,7 +155,7 @@ class GRPO(Algorithm):
             return [], []
         shares = [tasks[i::len(ids)] for i in range(len(ids))]
         funcs = [
-            (lambda r, s=s: r.sample_groups(tasks=s, group_size=cfg.group_size, policy_version=version))
+            (lambda r, s=s: r.sample_groups(tasks=s, group_size=G, policy_version=version))
             for s in shares
         ]
         ids, funcs = zip(*[(i, f) for i, f, s in zip(ids, funcs, shares) if s])
@@ -143,7 +169,7 @@ class GRPO(Algorithm):
         counts: dict[str, int] = defaultdict(int)
         for t in trajs:
             counts[t.uid] += 1
-        trajs = [t for t in trajs if counts[t.uid] == cfg.group_size]
+        trajs = [t for t in trajs if counts[t.uid] == G]
         return trajs, [r["stats"] for r in results]
 
     def _apply_filters(self, trajs: list[Trajectory]):
@@ -220,6 +246,33 @@ class GRPO(Algorithm):
         self.metrics.log_value((key, NUM_ENV_STEPS_SAMPLED_LIFETIME), m["generated_tokens"],
                                reduce="lifetime_sum")
         self.metrics.log_value((key, "sample_time_s"), t_sample, window=1)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate_tasks(self, split: str = "test", num_tasks: int | None = None,
+                       group_size: int = 1) -> dict[str, float]:
+        """Sample ``group_size`` episodes per task of a dataset split with the current policy
+        and return task metrics: success / EM / F1 means and, for multi-answer tasks, macro
+        precision / recall / F1 (per question, averaged over its samples, then over questions)."""
+        from ...envs import load_tasks
+        from ...metrics import rollout_metrics
+
+        tasks = load_tasks(self.config.eval_dataset or self.config.dataset or self.config.env, split)
+        if num_tasks:
+            tasks = tasks[:num_tasks]
+        trajs, stats = self._sample(tasks, step=self.algo_step, group_size=group_size)
+        m = rollout_metrics(trajs, stats)
+        by_q: dict[str, list[Trajectory]] = defaultdict(list)
+        for t in trajs:
+            by_q[t.uid].append(t)
+        for key in ("precision", "recall", "f1", "em", "success"):
+            vals = [np.mean([float(t.info.get(key, 0.0)) for t in ts]) for ts in by_q.values()
+                    if any(key in t.info for t in ts)]
+            if vals:
+                m[f"macro_{key}"] = float(np.mean(vals))
+        m["num_tasks"] = float(len(by_q))
+        keep = ("num_tasks", "num_episodes", "reward_outcome_mean", "success_rate",
+                "tool_call_rate", "tool_calls_per_episode", "turns_mean", "response_length_mean")
+        return {k: v for k, v in m.items() if k in keep or k.startswith("macro_") or k.endswith("_mean")}
 
     # ------------------------------------------------------------------ checkpoint state
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:

@@ -46,7 +46,17 @@ class GRPOTorchLearner(TorchLearner):
         seed = int(getattr(self.config, "seed", 0) or 0)
         # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.
         self._cov_generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
+        self._first_minibatch = False
+        # KL to a frozen reference (SPADER option): a copy of the initial policy, learner-only.
         self._ref_model = None
+        if float(getattr(self.config, "kl_coeff", 0.0) or 0.0) > 0:
+            import copy
+
+            from ...models.logprobs import unwrap_causal_lm
+
+            module = self.module[next(iter(self.module.keys()))].unwrapped()
+            self._ref_model = copy.deepcopy(unwrap_causal_lm(_hf_model_of(module))).eval()
+            self._ref_model.requires_grad_(False)
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
@@ -72,6 +82,12 @@ class GRPOTorchLearner(TorchLearner):
         logp = fwd_out["logp"]
         entropy = fwd_out.get("entropy")
         ref_logp = fwd_out.get("ref_logp")
+        if ref_logp is None and self._ref_model is not None:
+            from ...models.logprobs import token_logprobs
+
+            with torch.no_grad():
+                ref_logp = token_logprobs(self._ref_model, batch["input_ids"], batch["attention_mask"],
+                                          temperature=float(config.temperature))
         is_replay = batch["is_replay"].bool()
         total = logp.new_zeros(())
         for replay in (False, True):
@@ -155,6 +171,15 @@ class GRPOTorchLearner(TorchLearner):
         self.metrics.log_value((module_id, "num_optimizer_steps"), num_minibatches, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
         return fwd_out, {module_id: last_loss}, {}
+
+
+def _hf_model_of(module):
+    """The HF causal LM held by an HFCausalLMRLModule."""
+    for name in ("model", "lm", "hf_model"):
+        m = getattr(module, name, None)
+        if isinstance(m, torch.nn.Module):
+            return m
+    raise AttributeError(f"{type(module).__name__} holds no HF model under .model/.lm/.hf_model")
 
 
 def _token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:

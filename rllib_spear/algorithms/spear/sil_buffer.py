@@ -60,11 +60,11 @@ from typing import Any, Sequence
 import numpy as np
 from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
 
+from rllib_spear.core.advantages import group_reward_stats
 from rllib_spear.core.trajectory import Trajectory
 
 __all__ = [
     "SILReplayBuffer",
-    "group_reward_stats",
     "nearest_lower_power_of_2",
     "SIL_TRIGGERS",
     "ADV_EPS",
@@ -90,20 +90,6 @@ def nearest_lower_power_of_2(n: int) -> int:
     if n < 1:
         return 0
     return 1 << (n.bit_length() - 1)
-
-
-def group_reward_stats(trajectories: Sequence[Trajectory]) -> tuple[list[float], list[float]]:
-    """Per-uid group mean and (population, ddof=0) std of ``total_reward``.
-
-    Groups are found by ``uid`` (never by batch position) and listed in order of first
-    appearance, as the released agent tree does.
-    """
-    groups: dict[str, list[float]] = {}
-    for t in trajectories:
-        groups.setdefault(t.uid, []).append(t.total_reward)
-    means = [float(np.mean(r)) for r in groups.values()]
-    stds = [float(np.std(r)) for r in groups.values()]
-    return means, stds
 
 
 def _check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
@@ -224,7 +210,7 @@ class SILReplayBuffer(ReplayBufferInterface):
             step: the training step t (non-decreasing across calls).
             group_means / group_stds: the batch's per-group reward means / stds (pass both or
                 neither; neither: computed from ``trajectories`` by uid with
-                :func:`group_reward_stats`).
+                :func:`rllib_spear.core.advantages.group_reward_stats`, population std).
             loss_masks_zeroed: True for trajectories whose loss mask a filter zeroed; they never
                 enter the buffer.
 
@@ -254,7 +240,10 @@ class SILReplayBuffer(ReplayBufferInterface):
         if (group_means is None) != (group_stds is None):
             raise ValueError("group_means and group_stds must be given together (or both None)")
         if group_means is None:
-            means, stds = group_reward_stats(trajectories)
+            stats = group_reward_stats([t.total_reward for t in trajectories],
+                                       [t.uid for t in trajectories])
+            means = [float(m) for m, _ in stats.values()]
+            stds = [float(sd) for _, sd in stats.values()]
         else:
             means = [float(m) for m in group_means]
             stds = [float(s) for s in group_stds]
@@ -370,7 +359,7 @@ class SILReplayBuffer(ReplayBufferInterface):
                 return []
             kept = self._recalibrate()
             cap = self.capacity if num_items is None else num_items
-            n = min(len(kept), cap)
+            n = min(nearest_lower_power_of_2(len(kept)), cap)
             chosen = self._draw(kept, n)
             self._counters["cleared"] += len(self._entries)
             self._entries = []

@@ -1,0 +1,186 @@
+"""``rllib-spear`` command: train from a YAML config on Tune, evaluate a checkpoint.
+
+    rllib-spear train configs/spear_cpu_demo.yaml --set training.lr=5e-5 --set stop.training_iteration=5
+    rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
+
+YAML layout: ``algorithm`` (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), ``stop``
+(Tune stop criteria), optional ``name``, ``storage_path``, ``checkpoint_freq``, ``num_samples``,
+and ``config``: one mapping per AlgorithmConfig builder method (``environment``,
+``env_runners``, ``training``, ``learners``, ``rl_module``, ``debugging``, ``fault_tolerance``...),
+each applied as ``config.<method>(**kwargs)``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["main", "load_experiment", "build_config", "apply_overrides"]
+
+
+def apply_overrides(exp: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (value parsed as YAML). Keys under the builder
+    sections may omit the leading ``config.``: ``training.lr=1e-5``."""
+    builder_sections = {"environment", "env_runners", "training", "learners", "rl_module",
+                        "debugging", "fault_tolerance", "resources", "reporting", "evaluation"}
+    for item in overrides:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        path = key.split(".")
+        if path[0] in builder_sections:
+            path = ["config", *path]
+        node = exp
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise SystemExit(f"--set {key}: {p!r} is not a mapping in the config")
+        node[path[-1]] = yaml.safe_load(raw)
+    return exp
+
+
+def load_experiment(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    with open(path) as f:
+        exp = yaml.safe_load(f) or {}
+    if "algorithm" not in exp:
+        raise SystemExit(f"{path}: missing top-level key 'algorithm' (SPEAR, SPADER, DrBoT, GRPO-LLM)")
+    return apply_overrides(exp, overrides or [])
+
+
+def build_config(exp: dict[str, Any]):
+    """The AlgorithmConfig described by an experiment mapping."""
+    import rllib_spear  # noqa: F401  (registers the algorithms)
+    from rllib_spear.registration import algorithm_classes
+
+    classes = algorithm_classes()
+    name = exp["algorithm"]
+    if name not in classes:
+        raise SystemExit(f"unknown algorithm {name!r}; choose one of {sorted(classes)}")
+    cfg = classes[name].get_default_config()
+    for section, kwargs in (exp.get("config") or {}).items():
+        method = getattr(cfg, section, None)
+        if method is None or not callable(method):
+            raise SystemExit(f"config section {section!r} is not an AlgorithmConfig builder method")
+        try:
+            method(**(kwargs or {}))
+        except TypeError as e:
+            raise SystemExit(f"config.{section}: {e}") from None
+    return cfg
+
+
+_PROGRESS_KEYS = (
+    ("reward", ("env_runners", "reward_total_mean")),
+    ("success", ("env_runners", "success_rate")),
+    ("f1", ("env_runners", "f1_mean")),
+    ("tool_rate", ("env_runners", "tool_call_rate")),
+    ("turns", ("env_runners", "turns_mean")),
+    ("resp_len", ("env_runners", "response_length_mean")),
+    ("sil_w", ("spear", "sil_weight")),
+    ("tool_w", ("spear", "tool_reward_weight")),
+    ("replayed", ("spear", "sil_replayed_samples")),
+)
+
+
+def progress_line(result: dict[str, Any]) -> str:
+    parts = [f"iter {result.get('training_iteration', '?'):>3}"]
+    for label, path in _PROGRESS_KEYS:
+        node: Any = result
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, (int, float)):
+            parts.append(f"{label} {node:.3f}")
+    parts.append(f"time {result.get('time_this_iter_s', 0.0):.1f}s")
+    return " | ".join(parts)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import ray
+    from ray import tune
+
+    exp = load_experiment(args.config, args.set)
+    cfg = build_config(exp)
+    cfg.validate()
+    stop = exp.get("stop") or {"training_iteration": 10}
+    name = exp.get("name") or Path(args.config).stem
+    storage = os.path.abspath(exp.get("storage_path") or "results")
+
+    class _Progress(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            print(progress_line(result), flush=True)
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False,
+                 runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}})
+    t0 = time.time()
+    tuner = tune.Tuner(
+        exp["algorithm"],
+        param_space=cfg,
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, stop=stop, verbose=0, callbacks=[_Progress()],
+            checkpoint_config=tune.CheckpointConfig(
+                checkpoint_frequency=int(exp.get("checkpoint_freq", 0) or 0),
+                checkpoint_at_end=True),
+        ),
+    )
+    grid = tuner.fit()
+    res = grid[0]
+    if res.error:
+        print(f"training failed: {res.error}", file=sys.stderr)
+        return 1
+    print(f"done in {time.time() - t0:.0f}s; trial dir: {res.path}")
+    if res.checkpoint:
+        print(f"checkpoint: {res.checkpoint.path}")
+    print(f"TensorBoard: tensorboard --logdir {storage}/{name}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import ray
+
+    import rllib_spear  # noqa: F401
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False)
+    algo = Algorithm.from_checkpoint(os.path.abspath(args.checkpoint))
+    try:
+        metrics = algo.evaluate_tasks(split=args.split, num_tasks=args.num_tasks,
+                                      group_size=args.samples)
+    finally:
+        algo.stop()
+    width = max(len(k) for k in metrics)
+    for k, v in metrics.items():
+        print(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(metrics, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rllib-spear", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train", help="train from a YAML config on Tune")
+    p.add_argument("config")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. training.lr=1e-5 or stop.training_iteration=3")
+    p.set_defaults(func=_train)
+    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
+    e.add_argument("checkpoint")
+    e.add_argument("--split", default="test")
+    e.add_argument("--num-tasks", type=int, default=None, help="first N tasks of the split (default all)")
+    e.add_argument("--samples", type=int, default=1, help="samples per task")
+    e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    e.set_defaults(func=_eval)
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

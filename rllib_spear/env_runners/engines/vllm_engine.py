@@ -1,0 +1,227 @@
+"""The vLLM generation engine: ``vllm.LLM`` in-process, token-id prompts, versioned weight updates.
+
+Log-probs: the engine is created with ``logprobs_mode="processed_logprobs"``, i.e. log-probs of the
+sampled token after temperature scaling, which equals the project convention
+(log softmax(logits / T)) whenever top-k/top-p are off. With top-k/top-p on, vLLM renormalises over
+the kept tokens (its processed distribution); a warning says so once.
+
+Weight updates (``update_weights``) use vLLM's in-place ``reload_weights`` with a weights iterator.
+On the CPU backend the tied ``lm_head`` holds its own pre-packed copy of the embedding, which a
+reload does not refresh; it is re-packed explicitly (otherwise the engine silently keeps sampling
+from the old head: see notes/feasibility.md). The prefix cache is reset after every update.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import torch
+
+from .base import GenerationEngine, GenerationOutput, SamplingConfig
+
+__all__ = ["VLLMEngine", "vllm_available"]
+
+logger = logging.getLogger(__name__)
+
+
+def vllm_available() -> tuple[bool, str]:
+    """(True, "") when ``import vllm`` works, else (False, reason)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # pragma: no cover - depends on the install
+        return False, f"vllm cannot be imported: {type(e).__name__}: {e}"
+    return True, ""
+
+
+def _set_env_defaults(on_cpu: bool) -> None:
+    # In-process engine: generation and weight updates run in this process (no engine-core
+    # subprocess), which is what the RLlib EnvRunner actor wants and what makes
+    # collective_rpc with local tensors cheap.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if on_cpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _reload(worker, items):
+    worker.reload_weights(weights_iterator=items)
+
+
+def _load_weights(worker, items):
+    worker.model_runner.model.load_weights(weights=items)
+
+
+def _repack_lm_head(worker):
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)
+
+
+class VLLMEngine(GenerationEngine):
+    """Sample completions with an in-process ``vllm.LLM``.
+
+    Args:
+        model_path: a ``save_pretrained`` folder (config, safetensors, tokenizer).
+        dtype: vLLM dtype (``"float32"`` matches the HF reference exactly; ``"bfloat16"`` on GPU).
+        seed: engine seed (per-request seeds come from ``SamplingConfig.seed``).
+        max_model_len: context length; default ``min(config.max_position_embeddings, 4096)``.
+        update_method: ``"reload"`` (vLLM ``reload_weights``, default) or ``"load_weights"``
+            (``model.load_weights``; GPU only, the CPU backend pre-packs weights).
+        **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``).
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        update_method: str = "reload",
+        **llm_kwargs,
+    ):
+        on_cpu = not torch.cuda.is_available()
+        _set_env_defaults(on_cpu)
+        from vllm import LLM
+
+        self.model_path = str(model_path)
+        self.on_cpu = on_cpu
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        self.tie_word_embeddings = bool(cfg.get("tie_word_embeddings", False))
+        if max_model_len is None:
+            max_model_len = min(int(cfg.get("max_position_embeddings", 2048)), 4096)
+        if update_method not in ("reload", "load_weights"):
+            raise ValueError(f"update_method must be 'reload' or 'load_weights', got {update_method!r}")
+        if update_method == "load_weights" and on_cpu:
+            raise ValueError("update_method='load_weights' does not work on vLLM's CPU backend; use 'reload'")
+        self.update_method = update_method
+        llm_kwargs.setdefault("enforce_eager", on_cpu)
+        llm_kwargs.setdefault("enable_prefix_caching", True)
+        self.llm = LLM(
+            model=self.model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            logprobs_mode="processed_logprobs",
+            **llm_kwargs,
+        )
+        self.max_model_len = max_model_len
+        self.tokenizer = self.llm.get_tokenizer()
+        self.version = 0
+        self._warned_truncation = False
+
+    # ------------------------------------------------------------------ generation
+    def _params(self, sampling: SamplingConfig, max_tokens: int, seed: int | None, **extra):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k is not None else -1,
+            max_tokens=max_tokens,
+            stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            spaces_between_special_tokens=False,
+            logprobs=0,
+            seed=seed,
+            detokenize=True,
+            **extra,
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        max_new_tokens: Sequence[int] | None = None,
+    ) -> list[GenerationOutput]:
+        from vllm.inputs import TokensPrompt
+
+        sampling.validate()
+        if (sampling.top_p < 1.0 or (sampling.top_k or -1) > 0) and not self._warned_truncation:
+            logger.warning(
+                "VLLMEngine: with top_p/top_k on, vLLM's log-probs are renormalised over the kept "
+                "tokens (processed_logprobs), unlike the HF engine's full-softmax convention."
+            )
+            self._warned_truncation = True
+        n = len(prompts)
+        if max_new_tokens is not None and len(max_new_tokens) != n:
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
+        caps = [
+            min(sampling.max_new_tokens, int(max_new_tokens[i])) if max_new_tokens is not None else sampling.max_new_tokens
+            for i in range(n)
+        ]
+        # One seed per request, derived from the batch seed, so that repeated prompts (a GRPO
+        # group) get different samples while the batch stays reproducible.
+        base = sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**62)
+        rng = random.Random(base)
+        seeds = [rng.randrange(2**62) for _ in range(n)]
+        outputs: list[GenerationOutput | None] = [None] * n
+        todo = [i for i in range(n) if caps[i] > 0]
+        for i in range(n):
+            if caps[i] <= 0:
+                outputs[i] = GenerationOutput([], [], "length")
+            elif len(prompts[i]) == 0:
+                raise ValueError(f"prompt {i} is empty")
+        if todo:
+            reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in prompts[i]]) for i in todo]
+            params = [self._params(sampling, caps[i], seeds[i]) for i in todo]
+            results = self.llm.generate(reqs, sampling_params=params, use_tqdm=False)
+            for i, res in zip(todo, results):
+                comp = res.outputs[0]
+                ids = list(comp.token_ids)
+                lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
+                reason = "stop" if comp.finish_reason == "stop" else "length"
+                outputs[i] = GenerationOutput(ids, lps, reason)
+        return outputs  # type: ignore[return-value]
+
+    def score(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
+        """log p(x_t | x_<t) of every token of each sequence (entry 0 is 0.0) via prompt log-probs.
+        vLLM's prompt log-probs are raw (temperature 1)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if temperature != 1.0:
+            raise NotImplementedError("VLLMEngine.score supports temperature 1 only (raw prompt logprobs)")
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0, detokenize=False)
+        reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in sequences]
+        results = self.llm.generate(reqs, sampling_params=params, use_tqdm=False)
+        out = []
+        for seq, res in zip(sequences, results):
+            row = [0.0]
+            for t, d in zip(list(seq)[1:], res.prompt_logprobs[1:]):
+                row.append(float(d[int(t)].logprob))
+            out.append(row)
+        return out
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load HF-named weights in place (any dtype; vLLM casts), then re-pack the tied head on
+        CPU and reset the prefix cache. Sets ``self.version``."""
+        items = [
+            (k, v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v))
+            for k, v in state_dict.items()
+            if not (self.tie_word_embeddings and k == "lm_head.weight")
+        ]
+        if self.update_method == "reload":
+            self.llm.collective_rpc(_reload, args=(items,))
+        else:
+            self.llm.collective_rpc(_load_weights, args=(items,))
+        if self.on_cpu and self.tie_word_embeddings:
+            self.llm.collective_rpc(_repack_lm_head)
+        self.llm.reset_prefix_cache()
+        self.version = int(version)
+
+    def shutdown(self) -> None:
+        llm = getattr(self, "llm", None)
+        self.llm = None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # pragma: no cover - best effort
+                pass

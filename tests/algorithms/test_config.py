@@ -1,0 +1,80 @@
+"""Config builders, presets and validate() messages (no Ray cluster needed)."""
+import pytest
+
+import rllib_spear  # noqa: F401
+from rllib_spear import DrBoTConfig, GRPOConfig, SPADERConfig, SPEARConfig
+
+
+def test_grpo_defaults_and_builder():
+    cfg = GRPOConfig().training(group_size=4, clip_ratio_high=0.3, lr=1e-5).env_runners(
+        engine="hf", temperature=0.7, num_env_runners=2).environment("search_qa", env_config={"top_k": 3})
+    assert cfg.group_size == 4 and cfg.clip_ratio_high == 0.3 and cfg.lr == 1e-5
+    assert cfg.temperature == 0.7 and cfg.num_env_runners == 2
+    assert cfg.env == "search_qa" and cfg.env_config == {"top_k": 3}
+    assert cfg.std_normalize_advantages is True and cfg.loss_agg_mode == "token-mean"
+
+
+def test_drbot_preset_switches_every_trick():
+    cfg = DrBoTConfig()
+    assert cfg.clip_ratio_high == 0.28 and cfg.dual_clip_c == 10.0
+    assert cfg.std_normalize_advantages is False
+    assert cfg.loss_agg_mode == "seq-mean-token-sum-norm"
+    assert set(cfg.response_filters) == {"overlong", "incomplete", "repetitive", "unreadable"}
+    assert cfg.group_filter_keep_fraction == 0.75 and cfg.kl_coeff == 0.0
+
+
+def test_spear_defaults():
+    cfg = SPEARConfig()
+    assert cfg.loss_mode == "clip_cov" and cfg.clip_ratio_high == 0.28
+    assert cfg.tool_reward_schedule == "cosine" and cfg.tool_reward_steps == 200
+    assert cfg.sil_enabled and cfg.sil_trigger == "burst" and cfg.sil_update == "sequential"
+    replay = cfg.policy_loss_config(replay=True)
+    assert (replay.clip_cov_ratio, replay.clip_cov_lb, replay.clip_cov_ub) == (0.02, 2.0, 60.0)
+    onp = cfg.policy_loss_config()
+    assert (onp.clip_cov_ratio, onp.clip_cov_lb, onp.clip_cov_ub) == (2e-4, 1.0, 5.0)
+
+
+def test_spader_defaults():
+    cfg = SPADERConfig()
+    assert cfg.advantage_estimator == "spa" and cfg.spa_gamma == 0.9
+    assert cfg.clip_ratio_low == cfg.clip_ratio_high == 0.2 and cfg.loss_agg_mode == "token-mean"
+    assert cfg.env == "multi_answer_search" and not cfg.sil_enabled
+    assert cfg.tool_round_cost == 0.01 and cfg.cost_free_steps == 100
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    ({"group_size": 0}, "group_size"),
+    ({"loss_agg_mode": "token-sum"}, "loss_agg_mode"),
+    ({"loss_mode": "ppo"}, "loss_mode"),
+    ({"clip_ratio_low": -0.1}, "clip_ratio_low"),
+    ({"dual_clip_c": 0.5}, "dual_clip_c"),
+    ({"response_filters": ["toolong"]}, "response_filters"),
+    ({"group_filter_keep_fraction": 1.5}, "group_filter_keep_fraction"),
+    ({"sil_trigger": "sometimes"}, "sil_trigger"),
+    ({"sil_update": "parallel"}, "sil_update"),
+    ({"tool_reward_schedule": "linear"}, "tool_reward_schedule"),
+    ({"sil_tolerate_steps": 11}, "sil_tolerate_steps"),
+])
+def test_validate_names_the_key(kwargs, key):
+    cfg = SPEARConfig().training(**kwargs)
+    with pytest.raises(ValueError, match=key):
+        cfg.validate()
+
+
+def test_validate_engine_and_lengths():
+    with pytest.raises(ValueError, match="engine"):
+        SPEARConfig().env_runners(engine="tgi").validate()
+    with pytest.raises(ValueError, match="max_response_tokens"):
+        SPEARConfig().env_runners(max_response_tokens=4096, max_model_len=1024).validate()
+
+
+def test_unknown_training_kwarg_is_rejected():
+    with pytest.raises(TypeError):
+        SPEARConfig().training(group_sise=4)
+
+
+def test_config_round_trips_through_dict():
+    cfg = SPEARConfig().training(group_size=3, sil_capacity=16)
+    d = cfg.to_dict()
+    cfg2 = SPEARConfig().update_from_dict(d)
+    assert cfg2.group_size == 3 and cfg2.sil_capacity == 16 and cfg2.loss_mode == "clip_cov"
