@@ -88,7 +88,8 @@ def _num_gold_per_traj(num_gold: Mapping[Hashable, int] | Sequence[int], uids: l
         for u, g in zip(uids, out):
             if per_uid.setdefault(u, g) != g:
                 raise ValueError(
-                    f"{fn}: num_gold differs within group {u!r} ({per_uid[u]} vs {g}); one task has one gold set"
+                    f"{fn}: num_gold differs within group {u!r} ({per_uid[u]} vs {g}); "
+                    "one task has one gold set"
                 )
     for g in out:
         if isinstance(g, bool) or not isinstance(g, numbers.Integral) or g < 0:

@@ -83,7 +83,6 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         seed = int(cfg.seed or 0) * 1000 + self.worker_index
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         engine_kwargs = dict(cfg.engine_kwargs or {})
-        engine_kwargs.setdefault("seed", seed)
         if cfg.engine == "hf":
             engine_kwargs.setdefault("dtype", cfg.model_config.get("dtype", "float32"))
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)

@@ -124,22 +124,23 @@ def extract_answer(text: str) -> str | None:
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` with balanced braces (also ``\\fbox{}``), or None."""
+    """Content of the last ``\\boxed{...}`` with balanced braces (also ``\\fbox{}``), or None.
+    Linear time: braces are matched once with a stack."""
     text = _cut(text)
-    best = None
-    for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-        depth, k = 1, m.end()
-        end = min(len(text), k + 20_000)  # bounded scan: no quadratic blow-up on many unclosed \\boxed{
-        while k < end and depth:
-            c = text[k]
-            if c == "{":
-                depth += 1
-            elif c == "}":
-                depth -= 1
-            k += 1
-        if depth == 0:
-            best = text[m.end() : k - 1].strip()
-    return best
+    starts = [m.end() - 1 for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    if not starts:
+        return None
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for k, c in enumerate(text):
+        if c == "{":
+            stack.append(k)
+        elif c == "}" and stack:
+            match[stack.pop()] = k
+    for o in reversed(starts):
+        if o in match:
+            return text[o + 1 : match[o]].strip()
+    return None
 
 
 def check_think_format(text: str) -> str | None:

@@ -302,8 +302,9 @@ def test_kl_cov_ties_take_lowest_index():
     cfg = PolicyLossConfig(loss_mode="kl_cov", kl_cov_coef=1.0)
     _, _, grad = run(new, old, adv, ONES4, cfg)
     rho = math.exp(0.1)
-    torch.testing.assert_close(grad, torch.tensor([[(-2 * rho + 1) / 4, -2 * rho / 4, 2 * rho / 4, 2 * rho / 4]],
-                                                  dtype=D))
+    # token 0 (chosen): d/dlogp = -A*rho + 1*sign(0.1) = -2 rho + 1; others -A*rho; all /4
+    expected = [[(-2 * rho + 1) / 4, -2 * rho / 4, 2 * rho / 4, 2 * rho / 4]]
+    torch.testing.assert_close(grad, torch.tensor(expected, dtype=D))
 
 
 # ---- truncated importance sampling (spec 1.6) ------------------------------------------------

@@ -123,6 +123,9 @@ class GRPOTorchLearner(TorchLearner):
                     self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
         return total
 
+    def _recompute_old_logp(self, module, data: dict, budget: int) -> torch.Tensor:
+        return _recompute_old_logp_impl(self, module, data, budget)
+
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: Any):
@@ -132,8 +135,16 @@ class GRPOTorchLearner(TorchLearner):
         budget = int(config.micro_batch_token_budget)
         mb_ids = data["minibatch_id"].long()
         num_minibatches = int(data["num_minibatches"][0]) if len(mb_ids) else 0
-        params = [p for p in self._params.values()]
         last_loss = torch.zeros(())
+        # DDP averages gradients over learners, while each learner's loss is already its share
+        # of the global-batch loss (global normalizers): scale back so the sum is the gradient.
+        ddp_scale = float(self.config.num_learners) if self.config.num_learners > 1 else 1.0
+        loss_cfg = config.policy_loss_config()
+        if getattr(config, "recompute_old_logprobs", False) or loss_cfg.tis_cap:
+            # Trainer-side logp_old (1.6): the ratio is taken against the trainer's numerics and
+            # the engine log-probs only enter the truncated importance weight.
+            data = dict(data)
+            data["old_logp"] = self._recompute_old_logp(module, data, budget)
         fwd_out: dict = {}
         trained_tokens = 0
         for mb in range(num_minibatches):
@@ -159,7 +170,7 @@ class GRPOTorchLearner(TorchLearner):
                         module_id=module_id, config=config, batch=sub, fwd_out=fwd_out)
                     if part is None:
                         loss = loss * 0.0
-                    loss.backward()
+                    (loss * ddp_scale).backward()
                     trained_tokens += int(sub["attention_mask"].sum()) if part is not None else 0
                     last_loss = loss.detach()
             grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
@@ -171,6 +182,18 @@ class GRPOTorchLearner(TorchLearner):
         self.metrics.log_value((module_id, "num_optimizer_steps"), num_minibatches, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
         return fwd_out, {module_id: last_loss}, {}
+
+
+def _recompute_old_logp_impl(learner, module, data: dict, budget: int) -> torch.Tensor:
+    out = data["old_logp"].clone()
+    parts = _token_budget_microbatches(data["attention_mask"], budget)
+    with torch.no_grad():
+        for part in parts:
+            sub = _slice_rows(data, part)
+            logp = module.forward_train(sub)["logp"].detach()
+            T = logp.shape[1]
+            out[part, :T] = logp * sub["loss_mask"]
+    return out
 
 
 def _hf_model_of(module):

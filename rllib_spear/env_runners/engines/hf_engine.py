@@ -234,8 +234,7 @@ class HFEngine(GenerationEngine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state_dict`` (HF parameter names, any dtype/device) into the model in place.
         Missing keys are allowed only for tied weights; unknown keys raise."""
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        params = self.model.state_dict(keep_vars=True)  # includes tied aliases (lm_head.weight)
         unknown = [k for k in state_dict if k not in params]
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")

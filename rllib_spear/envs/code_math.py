@@ -1,0 +1,208 @@
+"""``code_math``: ReTool-style math with a sandboxed Python interpreter.
+
+The assistant writes code as ``<code>```python ...```</code>`` (or a bare ```` ```python ````
+fence; parser ``code``) or as a hermes call ``<tool_call>{"name": "code_interpreter",
+"arguments": {"code": "..."}}</tool_call>`` (parser ``hermes``). The code runs in
+:class:`~rllib_spear.envs.sandbox.PythonSandbox` (a fresh process per call; see that module for
+the isolation and what remains without bubblewrap) and its stdout/stderr come back as
+``<interpreter>...</interpreter>`` (``<tool_response>`` for hermes), cut to ``max_obs_chars``.
+A turn without code is the answer turn: reward +1 if the last ``\\boxed{}`` equals the ground
+truth (numbers compared exactly after removing ``,``/spaces/``$``/``\\text{}``), else -1
+(DAPO ``math_dapo``, strict box); a missing box is -1 with ``has_answer=False``.
+
+Interpreter state persists across turns only when the task says so (``task["stateful"]`` true) or
+``stateful=True`` is configured: then earlier successful cells are replayed silently before the
+new one.
+"""
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+from rllib_spear.envs.base import StepResult, ToolEnv
+from rllib_spear.envs.parsers import CodeParser, HermesParser, check_think_format, extract_boxed
+from rllib_spear.envs.sandbox import PythonSandbox, SandboxConfig
+
+__all__ = ["CodeMathEnv", "math_answers_match", "CODE_PROMPTS"]
+
+CODE_PROMPTS = {
+    "code": (
+        "Solve the problem. Think inside <think>...</think>. To run Python, write "
+        "<code>```python\n...\n```</code>; its printed output comes back in <interpreter>...</interpreter>. "
+        "Give the final answer as \\boxed{answer}."
+    ),
+    "hermes": (
+        "Solve the problem. Think inside <think>...</think>. To run Python, write "
+        '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(1+1)"}}</tool_call>; its output '
+        "comes back in <tool_response>...</tool_response>. Give the final answer as \\boxed{answer}."
+    ),
+}
+
+_SANDBOXES: dict[tuple, PythonSandbox] = {}
+
+
+def _normalize_math(s: str) -> str:
+    s = str(s).strip()
+    s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
+    s = re.sub(r"\\(?:left|right|,|!|;|quad)", "", s)
+    s = s.replace("$", "").replace(",", "").replace(" ", "").replace("\\dfrac", "\\frac")
+    s = s.rstrip(".")
+    return s
+
+
+def _to_number(s: str) -> Fraction | None:
+    m = re.fullmatch(r"\\frac\{(-?\d+)\}\{(-?\d+)\}", s)
+    try:
+        if m:
+            return Fraction(int(m.group(1)), int(m.group(2)))
+        if re.fullmatch(r"-?\d+(?:\.\d+)?(?:/\d+)?", s):
+            return Fraction(s)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def math_answers_match(pred: str | None, gold: str) -> bool:
+    """Exact match after light normalisation; numbers (ints, decimals, a/b, \\frac{a}{b})
+    compare by value."""
+    if pred is None:
+        return False
+    p, g = _normalize_math(pred), _normalize_math(gold)
+    if p == g:
+        return True
+    pn, gn = _to_number(p), _to_number(g)
+    return pn is not None and gn is not None and pn == gn
+
+
+class CodeMathEnv(ToolEnv):
+    """Task keys: ``prompt`` (problem text), ``answer`` (ground truth); optional ``stateful``."""
+
+    def __init__(self, *, parser: str = "code", max_turns: int = 4, max_obs_chars: int = 1000,
+                 stateful: bool = False, sandbox: PythonSandbox | None = None,
+                 sandbox_config: dict | SandboxConfig | None = None, correct_reward: float = 1.0,
+                 wrong_reward: float = -1.0, system_prompt: str | None = None):
+        if parser == "code":
+            self.parser = CodeParser()
+        elif parser == "hermes":
+            self.parser = HermesParser({"code_interpreter": ("code_interpreter", "code"),
+                                        "python": ("code_interpreter", "code")})
+        else:
+            raise ValueError(f"unknown parser {parser!r} for code_math (code|hermes)")
+        self.parser_name = parser
+        self.tag = "interpreter" if parser == "code" else "tool_response"
+        self.max_turns = int(max_turns)
+        self.max_obs_chars = int(max_obs_chars)
+        self.stateful_default = stateful
+        self.correct_reward = correct_reward
+        self.wrong_reward = wrong_reward
+        self.system_prompt = system_prompt or CODE_PROMPTS[parser]
+        self._sandbox = sandbox
+        if isinstance(sandbox_config, dict):
+            sandbox_config = SandboxConfig(**sandbox_config)
+        self._sandbox_config = sandbox_config or SandboxConfig(wall_timeout_s=10.0, cpu_time_s=5)
+        self.done = True
+        self._new_episode()
+
+    @property
+    def sandbox(self) -> PythonSandbox:
+        if self._sandbox is None:
+            key = tuple(sorted((k, repr(v)) for k, v in vars(self._sandbox_config).items()))
+            sb = _SANDBOXES.get(key)
+            if sb is None:
+                sb = _SANDBOXES[key] = PythonSandbox(self._sandbox_config)
+            self._sandbox = sb
+        return self._sandbox
+
+    def _new_episode(self):
+        self.turns = 0
+        self.tool_calls = 0
+        self.queries_per_step: list[int] = []
+        self.history: list[str] = []
+        self.format_errors: list[str] = []
+        self.has_answer = False
+        self.correct = False
+        self.outcome = 0.0
+        self.answer: str | None = None
+        self.exec_errors = 0
+
+    def reset(self, task: dict[str, Any]) -> list[dict[str, str]]:
+        self._new_episode()
+        self.task = task
+        self.stateful = bool(task.get("stateful", self.stateful_default))
+        self.done = False
+        return [{"role": "system", "content": self.system_prompt},
+                {"role": "user", "content": str(task["prompt"])}]
+
+    def _format_output(self, res) -> str:
+        out = res.output
+        if len(out) > self.max_obs_chars:
+            out = out[: self.max_obs_chars] + f"\n...[output truncated, {len(res.output)} chars in total]"
+        if res.error:
+            out = (out + "\n" if out else "") + f"Error: {res.error}"
+        if not out.strip():
+            out = "(no output; use print() to see values)"
+        return out
+
+    def _run(self, code: str) -> str:
+        res = self.sandbox.run(code, history=self.history if self.stateful else None)
+        if not res.ok:
+            self.exec_errors += 1
+        elif self.stateful:
+            self.history.append(code)
+        return self._format_output(res)
+
+    def step(self, assistant_text: str) -> StepResult:
+        if self.done:
+            return StepResult(None, 0.0, True, {"error": "episode is over; call reset()"})
+        if not isinstance(assistant_text, str):
+            assistant_text = "" if assistant_text is None else str(assistant_text)
+        self.turns += 1
+        fe = check_think_format(assistant_text)
+        if fe:
+            self.format_errors.append(f"turn {self.turns}: {fe}")
+        parsed = self.parser.parse(assistant_text)
+        info: dict[str, Any] = {"action": parsed.kind}
+        if parsed.kind == "answer":
+            self.queries_per_step.append(0)
+            ans = parsed.answer if self.parser_name == "code" else extract_boxed(assistant_text)
+            return self._final(ans, info)
+        self.queries_per_step.append(parsed.num_queries)
+        if self.turns >= self.max_turns:
+            info["truncated"] = True
+            return self._final(None, info)
+        if parsed.kind == "tool":
+            self.tool_calls += 1
+            parts = []
+            for call in parsed.calls:
+                text = f"Error: {call.error}" if call.error else self._run(call.arguments["code"])
+                parts.append(f"<{self.tag}>{text}</{self.tag}>")
+            obs = "\n".join(parts)
+        else:
+            self.format_errors.append(f"turn {self.turns}: {parsed.error}")
+            obs = f"<{self.tag}>Error: {parsed.error}</{self.tag}>"
+            info["error"] = parsed.error
+        return StepResult(obs, 0.0, False, info)
+
+    def _final(self, answer: str | None, info: dict) -> StepResult:
+        self.done = True
+        self.answer = answer
+        self.has_answer = answer is not None
+        self.correct = math_answers_match(answer, str(self.task.get("answer", "")))
+        self.outcome = self.correct_reward if self.correct else self.wrong_reward
+        info.update(correct=self.correct, answer=answer)
+        return StepResult(None, self.outcome, True, info)
+
+    def episode_stats(self) -> dict[str, Any]:
+        return {
+            "tool_calls": self.tool_calls,
+            "queries_per_step": list(self.queries_per_step),
+            "success": self.correct,
+            "correct": self.correct,
+            "format_ok": not self.format_errors and self.has_answer,
+            "has_answer": self.has_answer,
+            "outcome_reward": self.outcome,
+            "turns": self.turns,
+            "exec_errors": self.exec_errors,
+            "answer": self.answer,
+        }

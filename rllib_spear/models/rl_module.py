@@ -1,0 +1,174 @@
+"""An RLlib (new API stack) ``TorchRLModule`` that holds a Hugging Face causal LM.
+
+``model_config`` keys:
+    model_path (str, required): a ``save_pretrained`` folder.
+    dtype (str): "float32" (default), "bfloat16", "float16".
+    lora (dict | None): ``peft.LoraConfig`` kwargs (e.g. ``{"r": 8, "lora_alpha": 16,
+        "target_modules": ["q_proj", "v_proj"]}``); only the adapters train.
+    gradient_checkpointing (bool): activation checkpointing in the transformer body.
+    logprob_chunk_size (int): positions per output-head chunk (default 512).
+    temperature (float): score under softmax(logits / T) (default 1.0, match the sampler's T).
+
+``forward_train(batch)`` takes ``input_ids`` and ``attention_mask`` ([B, T] tensors) and returns
+``{"logp": [B, T], "entropy": [B, T]}`` aligned like ``rllib_spear.core.trajectory`` (position t
+is about token t; position 0 and padding are 0).
+
+State: ``get_state`` returns torch tensors with Hugging Face parameter names (no module prefix,
+tied ``lm_head.weight`` dropped), in the model's dtype, on CPU -- never RLlib's float32 numpy
+conversion, which fails on bf16. ``get_state(inference_only=True)`` returns the merged weights
+(base + LoRA deltas) under the base model's names, ready for ``GenerationEngine.update_weights``
+and for an inference-only module's ``set_state``. Without ``inference_only`` a LoRA module returns
+its full PEFT state (base and adapter weights) for checkpoints.
+"""
+from __future__ import annotations
+
+from typing import Any, Collection, Dict, Optional, Union
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.rllib.core.rl_module.torch import TorchRLModule
+
+from .logprobs import token_logprobs
+
+__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(x) -> torch.dtype:
+    if isinstance(x, torch.dtype):
+        return x
+    return _DTYPES[str(x).replace("torch.", "")]
+
+
+class HFCausalLMRLModule(TorchRLModule):
+    """A causal LM as an RLModule; generation happens elsewhere (an engine), this scores tokens."""
+
+    def setup(self) -> None:
+        from transformers import AutoModelForCausalLM
+
+        cfg = dict(self.model_config or {})
+        if "model_path" not in cfg:
+            raise ValueError("HFCausalLMRLModule needs model_config['model_path']")
+        self._chunk_size = int(cfg.get("logprob_chunk_size", 512))
+        self._temperature = float(cfg.get("temperature", 1.0))
+        model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=_dtype(cfg.get("dtype", "float32")))
+        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        lora = cfg.get("lora")
+        self._is_lora = bool(lora) and not self.inference_only
+        if cfg.get("gradient_checkpointing") and not self.inference_only:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        if self._is_lora:
+            from peft import LoraConfig, get_peft_model
+
+            lcfg = dict(lora)
+            lcfg.setdefault("task_type", "CAUSAL_LM")
+            model = get_peft_model(model, LoraConfig(**lcfg))
+            if cfg.get("gradient_checkpointing"):
+                model.enable_input_require_grads()
+        self.model = model
+
+    # ------------------------------------------------------------------ forward
+    def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        ids = torch.as_tensor(batch["input_ids"], dtype=torch.long, device=self._device())
+        mask = batch.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, device=ids.device).long()
+        logp, ent = token_logprobs(
+            self.model,
+            ids,
+            mask,
+            temperature=self._temperature,
+            chunk_size=self._chunk_size,
+            return_entropy=True,
+        )
+        return {"logp": logp, "entropy": ent}
+
+    def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
+        return self._forward(batch, **kwargs)
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ state
+    def hf_model(self):
+        """The underlying transformers model (the PEFT base model when LoRA is on)."""
+        return self.model.get_base_model() if self._is_lora else self.model
+
+    def _merged_hf_state(self) -> dict[str, torch.Tensor]:
+        """Base-model names -> weights with the LoRA deltas added (no in-place merge)."""
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        out: dict[str, torch.Tensor] = {}
+        for k, v in base.state_dict().items():
+            if "lora_" in k:
+                continue
+            out[k.replace(".base_layer.", ".")] = v.detach()
+        for name, mod in base.named_modules():
+            if isinstance(mod, LoraLayer) and not getattr(mod, "merged", False):
+                key = f"{name}.weight"
+                w = out[key]
+                for adapter in mod.active_adapters:
+                    if adapter in mod.lora_A:
+                        w = w + mod.get_delta_weight(adapter).to(w.dtype)
+                out[key] = w
+        return out
+
+    def get_state(
+        self,
+        components: Optional[Union[str, Collection[str]]] = None,
+        *,
+        not_components: Optional[Union[str, Collection[str]]] = None,
+        inference_only: bool = False,
+        **kwargs,
+    ) -> Dict[str, Any]:
+        with torch.no_grad():
+            if self._is_lora:
+                sd = self._merged_hf_state() if inference_only else self.model.state_dict()
+            else:
+                sd = self.model.state_dict()
+        out = {}
+        for k, v in sd.items():
+            if self._tied and k.endswith("lm_head.weight"):
+                continue  # tied to the input embedding; shipping it twice doubles the payload
+            out[k] = v.detach().to("cpu", copy=True)
+        return out
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        if not state:
+            return
+        if self._is_lora and not any("lora_" in k or k.startswith("base_model.") for k in state):
+            target = self.model.get_base_model()  # merged weights into a LoRA module: load the base
+            if any(".base_layer." in k for k in target.state_dict()):
+                raise ValueError("set_state: merged (inference-only) weights cannot be loaded into a LoRA module")
+        else:
+            target = self.model
+        tensors = {}
+        for k, v in state.items():
+            t = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
+            tensors[k] = t
+        missing, unexpected = target.load_state_dict(tensors, strict=False)
+        missing = [k for k in missing if not (self._tied and k.endswith("lm_head.weight"))]
+        if unexpected:
+            raise ValueError(f"set_state: unexpected keys {list(unexpected)[:5]}")
+        if missing:
+            raise ValueError(f"set_state: missing keys {list(missing)[:5]}")
+
+
+def hf_rl_module_spec(model_path: str, *, inference_only: bool = False, **options) -> RLModuleSpec:
+    """An ``RLModuleSpec`` for ``HFCausalLMRLModule`` with placeholder spaces (token ids).
+    ``options`` go to ``model_config`` (dtype, lora, gradient_checkpointing, ...)."""
+    import json
+    from pathlib import Path
+
+    vocab = int(json.loads((Path(model_path) / "config.json").read_text()).get("vocab_size", 2))
+    return RLModuleSpec(
+        module_class=HFCausalLMRLModule,
+        observation_space=gym.spaces.Box(0, vocab - 1, (1,), np.int64),
+        action_space=gym.spaces.Discrete(vocab),
+        inference_only=inference_only,
+        model_config={"model_path": str(model_path), **options},
+    )
