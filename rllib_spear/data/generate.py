@@ -245,6 +245,20 @@ def multi_answer_rows(w: World, seed: int = 1234) -> list[dict]:
         if 3 <= len(inv) <= 8:
             add(f"What did people born in {t.name} invent?", [[x, f"the {x}"] for x in inv], "invention",
                 [f"born in {t.name} invented"] + [f"{t.name} {occ}" for occ in sorted({p.occupation for p in natives})])
+    rng = random.Random(seed + 4)
+    towns = sorted(w.towns, key=lambda x: x.name)
+    pairs = set()
+    for _ in range(2000):
+        if len(pairs) >= 60:
+            break
+        a, b = sorted(rng.sample(range(len(towns)), 2))
+        nat = [p for p in w.people if p.town in (towns[a].name, towns[b].name)]
+        if len(nat) <= 8 and (a, b) not in pairs:
+            pairs.add((a, b))
+            ta, tb = towns[a].name, towns[b].name
+            nat.sort(key=lambda p: p.name)
+            add(f"Who was born in {ta} or {tb}?", [_person_aliases(p) for p in nat], "person",
+                [f"born in {ta}", f"born in {tb}"])
     for r in sorted(w.rivers):
         ts = sorted(t.name for t in w.towns if t.river == r)
         add(f"Which towns lie on the {r} river?", [[x, f"{x} town"] for x in ts], "town",

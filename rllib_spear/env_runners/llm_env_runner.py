@@ -31,11 +31,7 @@ def resolve_model_path(path: str, env_name: str = "search_qa") -> str:
     if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
         from ..models import default_policy_path
 
-        task = path.split(":", 1)[1] if ":" in path and path.split(":", 1)[1] != "default" else env_name
-        try:
-            return default_policy_path(task=task)
-        except TypeError:  # older signature without task
-            return default_policy_path()
+        return default_policy_path()
     return path
 
 
@@ -49,9 +45,9 @@ def hf_state_dict_from_module_state(state: Any) -> dict:
         state = ray.get(state)
     if isinstance(state, dict) and DEFAULT_MODULE_ID in state:
         state = state[DEFAULT_MODULE_ID]
-    from ..models.rl_module import HFCausalLMRLModule
-
-    return HFCausalLMRLModule.hf_state_dict_from_state(state)
+    # HFCausalLMRLModule.get_state() is the HF state_dict itself (torch tensors; a tied lm_head
+    # left out; LoRA deltas merged when inference_only).
+    return dict(state or {})
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):
@@ -165,11 +161,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {WEIGHTS_SEQ_NO: self._weights_seq_no}
 
     def set_state(self, state: Any) -> None:
+        """Apply new weights (RLlib's weight sync). States without module weights (RLlib also
+        syncs connector/metrics states through here) leave the weights and version alone."""
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
+        if COMPONENT_RL_MODULE not in state:
+            return
         seq = int(state.get(WEIGHTS_SEQ_NO, 0))
         # Apply on any version change (a restore may go back to an older version).
-        if COMPONENT_RL_MODULE in state and (seq == 0 or seq != self._weights_seq_no):
+        if seq == 0 or seq != self._weights_seq_no:
             sd = hf_state_dict_from_module_state(state[COMPONENT_RL_MODULE])
             if sd:
                 self.engine.update_weights(sd, version=seq)

@@ -237,33 +237,46 @@ def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
+def _proc_uid(pid: str) -> int | None:
+    """Real uid of a live (non-zombie) process from /proc/<pid>/status (the /proc dir owner is
+    root for processes that changed uid, so stat() cannot be used); None for zombies."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"State:") and b"Z" in line.split()[1]:
+                    return None
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _count_uid_processes(uid: int) -> int:
-    n = 0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
+    return sum(1 for d in os.listdir("/proc") if d.isdigit() and _proc_uid(d) == uid)
+
+
+def _kill_uid(uid: int, python: str) -> None:
+    """Kill every process of ``uid`` (root only; after process/unshare runs): a helper switches to
+    ``uid`` and sends SIGKILL to -1, i.e. to every process of that uid at once (a fork bomb cannot
+    outrun it), then a /proc sweep catches stragglers."""
+    helper = ("import os, signal\n"
+              f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+              "for _ in range(3):\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n")
+    try:
+        subprocess.run([python, "-I", "-S", "-c", helper], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=10, env={}, close_fds=True)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    for _ in range(20):
+        pids = [d for d in os.listdir("/proc") if d.isdigit() and _proc_uid(d) == uid]
+        if not pids:
+            return
+        for d in pids:
             try:
-                if os.stat(f"/proc/{d}").st_uid == uid:
-                    n += 1
+                os.kill(int(d), signal.SIGKILL)
             except OSError:
                 pass
-    return n
-
-
-def _kill_uid(uid: int) -> None:
-    """Kill every process running as ``uid`` (root only; used after process/unshare runs)."""
-    for _ in range(3):
-        found = False
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                if os.stat(f"/proc/{d}").st_uid == uid:
-                    os.kill(int(d), signal.SIGKILL)
-                    found = True
-            except (OSError, ProcessLookupError):
-                pass
-        if not found:
-            return
         time.sleep(0.01)
 
 
@@ -356,6 +369,7 @@ class PythonSandbox:
         uid = _UIDS.acquire(cfg.uid_base, cfg.uid_count) if root else None
         workdir = tempfile.mkdtemp(prefix="rllib_spear_sbx_")
         t0 = time.monotonic()
+        res = None
         try:
             cells_path = os.path.join(workdir, ".cells.json")
             with open(cells_path, "w", encoding="utf-8") as f:
@@ -392,11 +406,14 @@ class PythonSandbox:
                 cmd = _unshare_prefix() + ["--", *argv]
             else:
                 cmd = argv
-            return self._communicate(cmd, env, workdir, backend, t0)
+            res = self._communicate(cmd, env, workdir, backend, t0)
+            return res
         finally:
             if uid is not None:
-                if backend != "bwrap":
-                    _kill_uid(uid)
+                # bwrap: the PID namespace dies with its init, but killed trees may linger a
+                # moment; sweep the uid after abnormal ends. Other backends: always sweep.
+                if backend != "bwrap" or res is None or not res.ok:
+                    _kill_uid(uid, py)
                 _UIDS.release(uid)
             shutil.rmtree(workdir, ignore_errors=True)
 
@@ -441,6 +458,8 @@ class PythonSandbox:
                 proc.wait(timeout=5)
             proc.stdout.close()
         err = None
+        if backend in ("bwrap", "unshare") and rc is not None and 128 < rc < 128 + 65:
+            rc = -(rc - 128)  # the namespace helper reports a child killed by signal N as 128+N
         if timed_out:
             err = f"timeout: execution exceeded {cfg.wall_timeout_s:g} s and was killed"
         elif truncated:

@@ -25,6 +25,7 @@ observation; reward as for a missing answer).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rllib_spear.core.answers import (
@@ -44,6 +45,8 @@ from rllib_spear.envs.parsers import (
     parse_json_list_of_strings,
 )
 from rllib_spear.envs.retrieval import format_search_results, get_retriever
+
+_TAG = re.compile(r"</?[A-Za-z_]+>")
 
 __all__ = ["SearchQAEnv", "MultiAnswerSearchEnv", "SEARCH_PROMPTS", "MULTI_PROMPTS"]
 
@@ -288,7 +291,7 @@ class MultiAnswerSearchEnv(_SearchEnvBase):
         return msgs
 
     def _found(self, text: str) -> list[int]:
-        norm = normalize_answer(text)
+        norm = normalize_answer(_TAG.sub(" ", text))  # tags become spaces: no word glued to a tag
         if self.entity_match == "word":
             norm = f" {norm} "
             return [i for i, e in enumerate(self.gold) if any(f" {a} " in norm for a in e)]

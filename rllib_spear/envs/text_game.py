@@ -357,6 +357,8 @@ class GymTextToolEnv(ToolEnv):
                 return StepResult(None, reward, True, info)
             if terminated or truncated:
                 self.done = True
+                if truncated:
+                    info["truncated"] = True
                 return StepResult(None, reward, True, info)
         if self.turns >= self.max_turns:
             self.done = True

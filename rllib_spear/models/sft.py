@@ -185,31 +185,37 @@ DEFAULT_POLICY_RECIPE = dict(
 
 
 def _default_task_data(recipe: dict) -> tuple[list[list[dict]], list[str]]:
-    """(demonstration conversations, corpus texts) of the embedded task, from rllib_spear.envs."""
-    import rllib_spear.envs as envs  # lazy: the envs layer is optional for the model layer
+    """(demonstration conversations, corpus texts) of the embedded task, from rllib_spear.envs and
+    rllib_spear.data (imported lazily: the model layer does not need them otherwise)."""
+    import rllib_spear.envs as envs
 
     tasks = envs.load_tasks(recipe["task"])
     convs = envs.scripted_demonstrations(
         recipe["task"], tasks, tool_use_rate=recipe["tool_use_rate"], seed=recipe["demo_seed"]
     )
     texts: list[str] = []
-    for name in ("corpus_texts", "load_corpus_texts"):
-        fn = getattr(envs, name, None)
-        if fn is not None:
-            texts = list(fn(recipe["task"]))
-            break
-    else:
-        corpus = getattr(envs, "load_corpus", None)
-        if corpus is not None:
-            texts = [d["text"] if isinstance(d, dict) else str(d) for d in corpus(recipe["task"])]
+    if recipe.get("corpus", True):
+        try:
+            from rllib_spear.data import default_paths
+            from rllib_spear.envs.retrieval import load_corpus
+
+            _, titles, bodies = load_corpus(default_paths()["corpus"])
+            texts = [f"{t}\n{b}" if t else b for t, b in zip(titles, bodies)]
+        except (ImportError, KeyError) as e:  # pragma: no cover - depends on the data layer
+            logger.warning("default policy: no corpus texts for the tokenizer (%s)", e)
     return [list(c) for c in convs], texts
 
 
-def default_policy_path(cache_dir: str | os.PathLike | None = None, *, recipe: dict | None = None) -> str:
+def default_policy_path(
+    cache_dir: str | os.PathLike | None = None, *, task: str | None = None, recipe: dict | None = None
+) -> str:
     """Build (once) and return the embedded default policy: tokenizer + tiny model + cold-start
-    SFT on the default task's scripted demonstrations. Cached under
-    ``cache_dir`` (default ``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``)."""
+    SFT on the scripted demonstrations of ``task`` (default "search_qa"; any env name that
+    ``rllib_spear.envs.scripted_demonstrations`` knows). Cached under ``cache_dir`` (default
+    ``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``), keyed by the recipe and the data."""
     recipe = dict(DEFAULT_POLICY_RECIPE if recipe is None else recipe)
+    if task is not None:
+        recipe["task"] = task
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     convs, corpus = _default_task_data(recipe)
     h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())

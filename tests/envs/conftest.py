@@ -2,13 +2,16 @@
 index), so the suite is independent of ~/.cache and of other test runs."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 
 _CACHE = tempfile.mkdtemp(prefix="rllib_spear_test_cache_")
 os.environ["RLLIB_SPEAR_CACHE"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 os.environ.pop("RLLIB_SPEAR_DATA_DIR", None)
 
 

@@ -139,6 +139,9 @@ class GRPOConfig(AlgorithmConfig):
         turn), stop, max_turns, max_model_len, max_response_tokens, max_observation_tokens,
         observation_template ("chatml" | "llama3")."""
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_DEFAULTS}
+        if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:
+            # Sampling in the driver process (tests): it needs the local runner.
+            kwargs["create_local_env_runner"] = True
         super().env_runners(**kwargs)
         for k, v in own.items():
             if v is not NotProvided:
@@ -270,9 +273,6 @@ class GRPOConfig(AlgorithmConfig):
         if "model_path" not in self.model_config:
             err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
                 "(a local HF model folder, or 'embedded' for the project's tiny model)")
-        if self.num_env_runners == 0 and not self.create_local_env_runner:
-            err("`num_env_runners=0` needs `create_local_env_runner=True` (tests only): "
-                ".env_runners(num_env_runners=0, create_local_env_runner=True)")
 
 
 class DrBoTConfig(GRPOConfig):

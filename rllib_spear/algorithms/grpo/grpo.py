@@ -54,8 +54,19 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: GRPOConfig) -> None:
+        from ...env_runners.llm_env_runner import resolve_model_path
         from ...envs import load_tasks
 
+        # Resolve "embedded" once on the driver (builds and caches the tiny SFT policy), so that
+        # learners and runners load the same folder instead of racing to build it.
+        path = config.model_config["model_path"]
+        resolved = resolve_model_path(path, config.env)
+        if resolved != path:
+            for c in {id(config): config, id(self.config): self.config}.values():
+                frozen = c._is_frozen
+                c._is_frozen = False
+                c._model_config = {**c._model_config, "model_path": resolved}
+                c._is_frozen = frozen
         super().setup(config)
         tasks = load_tasks(config.dataset or config.env, "train")
         self.task_sampler = TaskSampler(tasks, seed=config.seed or 0)
@@ -216,19 +227,44 @@ class GRPO(Algorithm):
             res = self.learner_group.update(batch=mabs[0], timesteps=timesteps)
         else:
             res = self.learner_group.update(batches=mabs, timesteps=timesteps)
-        self._policy_version += 1
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
 
     def _sync_weights(self) -> None:
-        """Push the learner's weights to every runner (RLlib's state path; versions travel as
-        WEIGHTS_SEQ_NO and each runner records the version it samples with)."""
-        if self.env_runner_group is None:
+        """Push the learner's weights to every runner and check each runner's version.
+
+        RLlib's ``sync_weights`` is fire-and-forget with a cap on requests in flight, so a sync
+        can be silently dropped; here each runner applies the state (torch tensors, never
+        RLlib's float32-numpy conversion) synchronously and returns its WEIGHTS_SEQ_NO.
+        """
+        import ray
+        from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
+        from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+        group = self.env_runner_group
+        if group is None:
             return
-        self.env_runner_group.sync_weights(
-            from_worker_or_learner_group=self.learner_group, inference_only=True,
-            timeout_seconds=None,
-        )
+        state = self.learner_group.get_state(
+            components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
+        )[COMPONENT_LEARNER]
+        payload = {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE],
+                   WEIGHTS_SEQ_NO: int(state.get(WEIGHTS_SEQ_NO, 0))}
+        expected = payload[WEIGHTS_SEQ_NO]
+        if group.num_remote_env_runners() == 0:
+            group.local_env_runner.set_state(payload)
+            versions = [group.local_env_runner.weights_version]
+        else:
+            ref = ray.put(payload)
+
+            def apply(runner, ref=ref):
+                runner.set_state(ray.get(ref))
+                return runner.weights_version
+
+            versions = group.foreach_env_runner(apply, local_env_runner=False)
+        stale = [v for v in versions if v != expected]
+        if stale:
+            raise RuntimeError(f"weight sync: runners report versions {versions}, expected {expected}")
+        self._policy_version = expected
 
     def _log_rollout_metrics(self, trajs: list[Trajectory], runner_stats: list[dict],
                              filter_counts: dict[str, float], t_sample: float) -> None:
@@ -284,6 +320,8 @@ class GRPO(Algorithm):
         super().set_state(state)
         if _STATE_KEY in state:
             self._set_extra_state(state[_STATE_KEY])
+        if hasattr(self, "task_sampler"):
+            self._sync_weights()  # restored learner weights -> runners, version-checked
 
     def _extra_state(self) -> dict[str, Any]:
         return {

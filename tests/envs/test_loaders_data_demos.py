@@ -1,0 +1,115 @@
+import hashlib
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rllib_spear.core.answers import normalize_answer
+from rllib_spear.envs import load_tasks, make_env, scripted_demonstrations
+
+
+def test_default_datasets_shapes(data_paths):
+    sizes = {n: len(load_tasks(n, "train")) + len(load_tasks(n, "test"))
+             for n in ("search_qa", "multi_answer_search", "code_math", "text_game")}
+    assert all(v >= 150 for v in sizes.values()), sizes
+    for n in sizes:
+        tr, te = load_tasks(n, "train"), load_tasks(n, "test")
+        uids = [t["uid"] for t in tr + te]
+        assert len(set(uids)) == len(uids) and te
+    for t in load_tasks("multi_answer_search"):
+        assert 3 <= len(t["answers"]) <= 8
+    for t in load_tasks("search_qa"):
+        assert 1 <= len(t["golden_answers"][0].split()) <= 2
+
+
+def test_generation_is_deterministic(tmp_path, data_paths):
+    from rllib_spear.data import generate_all
+
+    a = generate_all(tmp_path / "a")
+    b = generate_all(tmp_path / "b")
+    for k in a:
+        assert pq.read_table(a[k]).equals(pq.read_table(b[k])), k
+        assert pq.read_table(a[k]).equals(pq.read_table(data_paths[k])), k
+
+
+def test_loader_reports_first_bad_row(tmp_path):
+    p = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"question": ["a?", "b?", ""], "golden_answers": [["x"], [], ["z"]]}), p)
+    with pytest.raises(ValueError, match=r"bad.parquet: row 1, column 'golden_answers'"):
+        load_tasks(str(p))
+    pq.write_table(pa.table({"question": ["a?"], "answers": [[["A", "B"], ["C"]]], "uid": ["u1"]}), p)
+    assert load_tasks(str(p))[0]["answers"] == [["A", "B"], ["C"]]
+    pq.write_table(pa.table({"prompt": ["1+1?", "2+2?"], "answer": ["2", None]}), p)
+    with pytest.raises(ValueError, match=r"row 1, column 'answer'"):
+        load_tasks(str(p))
+    pq.write_table(pa.table({"question": ["a", "b"], "golden_answers": [["x"], ["y"]], "uid": ["s", "s"]}), p)
+    with pytest.raises(ValueError, match="duplicate uid"):
+        load_tasks(str(p))
+    pq.write_table(pa.table({"seed": [1, -2]}), p)
+    with pytest.raises(ValueError, match=r"row 1, column 'seed'"):
+        load_tasks(str(p))
+    pq.write_table(pa.table({"foo": [1]}), p)
+    with pytest.raises(ValueError, match="cannot tell the task kind"):
+        load_tasks(str(p))
+    with pytest.raises(ValueError, match="no such file"):
+        load_tasks(str(tmp_path / "missing.parquet"))
+
+
+def test_uids_stable_without_uid_column(tmp_path):
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"question": ["a?", "a?"], "golden_answers": [["x"], ["x"]]}), p)
+    u1 = [t["uid"] for t in load_tasks(str(p))]
+    u2 = [t["uid"] for t in load_tasks(str(p))]
+    assert u1 == u2 and len(set(u1)) == 2
+
+
+def test_search_r1_reward_model_form(tmp_path):
+    p = tmp_path / "r1.parquet"
+    pq.write_table(pa.table({"question": ["q?"], "reward_model": [{"ground_truth": {"target": ["A", "B"]}}]}), p)
+    assert load_tasks(str(p))[0]["golden_answers"] == ["A", "B"]
+
+
+@pytest.mark.parametrize("name", ["search_qa", "multi_answer_search", "code_math", "text_game"])
+def test_demos_replay_exactly(name):
+    tasks = load_tasks(name)[:12]
+    demos = scripted_demonstrations(name, tasks, tool_use_rate=0.5, seed=3)
+    again = scripted_demonstrations(name, tasks, tool_use_rate=0.5, seed=3)
+    assert demos == again and len(demos) == len(tasks)
+    env = make_env(name)
+    for task, conv in zip(tasks, demos):
+        msgs = env.reset(task)
+        assert conv[: len(msgs)] == msgs
+        rest = conv[len(msgs):]
+        assert rest[0]["role"] == "assistant"
+        for k, m in enumerate(rest):
+            if m["role"] == "assistant":
+                r = env.step(m["content"])
+                nxt = rest[k + 1] if k + 1 < len(rest) else None
+                assert (nxt["content"] if nxt else None) == r.observation or not r.done and nxt is None
+            assert len(m["content"]) < 3000
+
+
+def test_demo_rates_search_qa(sqa_tasks):
+    tasks = sqa_tasks[:300]
+    tool = scripted_demonstrations("search_qa", tasks, tool_use_rate=1.0)
+    direct = scripted_demonstrations("search_qa", tasks, tool_use_rate=0.0)
+    env = make_env("search_qa")
+
+    def succ(conv, task):
+        env.reset(task)
+        for m in conv:
+            if m["role"] == "assistant":
+                env.step(m["content"])
+        return env.episode_stats()["success"]
+
+    tool_rate = sum(succ(c, t) for c, t in zip(tool, tasks)) / len(tasks)
+    guess_rate = sum(succ(c, t) for c, t in zip(direct, tasks)) / len(tasks)
+    assert tool_rate == 1.0
+    assert 0.005 < guess_rate < 0.15
+    # grounded: the gold answer is in what the tool returned
+    for c, t in zip(tool, tasks):
+        obs = " ".join(m["content"] for m in c if m["role"] == "user")
+        assert normalize_answer(t["golden_answers"][0]) in normalize_answer(obs)
+    mixed = scripted_demonstrations("search_qa", tasks, tool_use_rate=0.2, seed=1)
+    frac = sum(any("<search>" in m["content"] for m in c if m["role"] == "assistant") for c in mixed) / len(mixed)
+    assert 0.12 < frac < 0.3
