@@ -29,7 +29,7 @@ __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_stat
 def resolve_model_path(path: str, env_name: str = "search_qa") -> str:
     """'embedded' -> the project's tiny cold-start policy (built and cached on first use)."""
     if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
-        from ..models import default_policy_path
+        from ..models.sft import default_policy_path
 
         return default_policy_path()
     return path
@@ -88,6 +88,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         )
         sampling.validate()
         env_name, env_config = cfg.env, dict(cfg.env_config or {})
+        # One turn limit for the loop and the environment (envs keep their own counters).
+        if "max_turns" not in env_config:
+            try:
+                make_env(env_name, **env_config, max_turns=cfg.max_turns)
+                env_config["max_turns"] = cfg.max_turns
+            except (TypeError, ValueError):
+                pass
         self._rollout = MultiTurnRollout(
             engine=self.engine, tokenizer=self.tokenizer,
             env_factory=lambda: make_env(env_name, **env_config),

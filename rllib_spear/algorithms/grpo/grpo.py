@@ -160,7 +160,12 @@ class GRPO(Algorithm):
             return list(out["trajectories"]), [out["stats"]]
         ids = group.healthy_env_runner_ids()
         if not ids:
-            group.probe_unhealthy_env_runners()
+            restored = group.probe_unhealthy_env_runners()
+            if restored:
+                # A restarted runner holds the initial weights: bring it to the current version
+                # before it samples (else it would sample with a stale policy).
+                self._sync_weights()
+                version = self._sampled_version = self._policy_version
             ids = group.healthy_env_runner_ids()
         if not ids:
             return [], []
@@ -229,6 +234,13 @@ class GRPO(Algorithm):
             res = self.learner_group.update(batches=mabs, timesteps=timesteps)
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
+
+    def restore_env_runners(self, env_runner_group) -> list[int]:
+        """RLlib's restore, then the version-checked weight sync of the restored runners."""
+        restored = super().restore_env_runners(env_runner_group)
+        if restored and env_runner_group is self.env_runner_group and hasattr(self, "task_sampler"):
+            self._sync_weights()
+        return restored
 
     def _sync_weights(self) -> None:
         """Push the learner's weights to every runner and check each runner's version.

@@ -1,0 +1,96 @@
+"""Tiny-model factory and cold-start SFT (assistant-only loss, deterministic, cached)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from rllib_spear.models.factory import build_tiny_model, conversation_texts, synthetic_conversations
+from rllib_spear.models.sft import cold_start_sft, sft_examples
+
+
+@pytest.mark.parametrize("arch,heads", [("qwen2", 4), ("llama", 2)])
+def test_build_tiny_model_loads_and_sizes(tmp_path, arch, heads):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    texts = conversation_texts(synthetic_conversations(60, seed=1))
+    p = build_tiny_model(tmp_path / arch, texts, arch=arch, heads=heads, vocab_size=700, seed=3)
+    cfg = json.loads((Path(p) / "config.json").read_text())
+    assert cfg["model_type"] == arch and cfg["tie_word_embeddings"] is True
+    assert cfg["head_dim"] == 128 // heads >= 32
+    m = AutoModelForCausalLM.from_pretrained(p)
+    tok = AutoTokenizer.from_pretrained(p)
+    n = sum(x.numel() for x in m.parameters())
+    assert 0.5e6 < n < 5e6
+    assert m.config.vocab_size == len(tok) and tok.eos_token == "<|im_end|>"
+    assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
+    # deterministic for a seed
+    p2 = build_tiny_model(tmp_path / (arch + "2"), texts, arch=arch, heads=heads, vocab_size=700, seed=3)
+    m2 = AutoModelForCausalLM.from_pretrained(p2)
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), m2.state_dict().values()))
+
+
+def test_head_dim_guard(tmp_path):
+    with pytest.raises(ValueError, match="head_dim"):
+        build_tiny_model(tmp_path, ["a b c"] * 10, hidden=64, heads=4, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def sft_setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    convs = synthetic_conversations(24, seed=2)
+    base = build_tiny_model(root / "base", conversation_texts(synthetic_conversations(200)), layers=2, vocab_size=512)
+    return root, base, convs
+
+
+def test_sft_examples_mask_only_assistant(sft_setup):
+    from transformers import AutoTokenizer
+
+    _, base, convs = sft_setup
+    tok = AutoTokenizer.from_pretrained(base)
+    ex = sft_examples(tok, convs, max_len=512)
+    assert len(ex) == len(convs)
+    for (ids, mask), conv in zip(ex, convs):
+        want = "".join(m["content"] + "<|im_end|>" for m in conv if m["role"] == "assistant")
+        assert tok.decode([i for i, k in zip(ids, mask) if k]) == want
+    short = sft_examples(tok, convs, max_len=20)  # truncation removes every assistant token
+    assert short == []
+
+
+def test_sft_learns_deterministic_and_cached(sft_setup, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, base, convs = sft_setup
+    kw = dict(epochs=1, lr=5e-3, seed=0, max_len=256, batch_size=8)
+    a = cold_start_sft(base, convs, root / "a", **kw)
+    b = cold_start_sft(base, convs, root / "b", **kw)
+    assert Path(a).name == Path(b).name  # hash of inputs + params
+    ma = AutoModelForCausalLM.from_pretrained(a)
+    mb = AutoModelForCausalLM.from_pretrained(b)
+    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+    # cached: same call returns the same folder without training again
+    mtime = (Path(a) / "model.safetensors").stat().st_mtime
+    assert cold_start_sft(base, convs, root / "a", **kw) == a
+    assert (Path(a) / "model.safetensors").stat().st_mtime == mtime
+    # it learned: assistant-token loss went down vs the base model
+    tok = AutoTokenizer.from_pretrained(base)
+    ex = sft_examples(tok, convs, 256)
+    mbase = AutoModelForCausalLM.from_pretrained(base)
+
+    def nll(model):
+        tot, n = 0.0, 0
+        with torch.no_grad():
+            for ids, mask in ex:
+                x = torch.tensor([ids])
+                lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
+                lp = lp.gather(-1, x[0, 1:, None])[:, 0]
+                m = torch.tensor(mask[1:], dtype=torch.bool)
+                tot += -lp[m].sum().item()
+                n += int(m.sum())
+        return tot / n
+
+    assert nll(ma) < nll(mbase) - 1.0
+    meta = json.loads((Path(a) / "sft_meta.json").read_text())
+    assert meta["examples"] == len(convs) and meta["steps"] == 3

@@ -1,0 +1,30 @@
+"""Slow smoke test: the packaged SmolLM2-135M-Instruct loads and generates with the HF engine."""
+from __future__ import annotations
+
+import pytest
+
+from rllib_spear.env_runners.engines.base import SamplingConfig
+
+
+@pytest.mark.slow
+def test_smollm2_loads_and_generates():
+    pytest.importorskip("gguf", reason="SmolLM2 conversion needs the 'gguf' package")
+    from rllib_spear.models.smollm import smollm2_gguf_path, smollm2_path
+
+    try:
+        smollm2_gguf_path()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    from rllib_spear.env_runners.engines.hf_engine import HFEngine
+
+    path = smollm2_path()  # cached after the first run (~1 min to dequantize)
+    eng = HFEngine(path)
+    tok = eng.tokenizer
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    out = eng.generate([ids], SamplingConfig(max_new_tokens=8, top_k=1, seed=0))[0]
+    text = tok.decode(out.token_ids)
+    assert len(out.token_ids) == len(out.logprobs) > 0
+    assert "Paris" in text, text
+    assert abs(eng.score([ids + out.token_ids])[0][len(ids)] - out.logprobs[0]) < 1e-3
