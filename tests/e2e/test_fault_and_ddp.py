@@ -127,7 +127,11 @@ def test_ddp_two_learners_match_single_learner(ray_session, tiny_model):
     try:
         assert algo2.learner_group.is_remote and len(algo2.learner_group._workers) == 2
         assert _max_diff(init, _learner_weights(algo2)) == 0.0
-        algo2._sample = lambda tasks, step, group_size=None: (copy.deepcopy(trajs), calls[-1][1])
+        def replay_sample(tasks, step, group_size=None):
+            algo2._sampled_version = algo2._policy_version
+            return copy.deepcopy(trajs), calls[-1][1]
+
+        algo2._sample = replay_sample
         r2 = algo2.train()
         assert algo2.algo_step == 1
         w2 = _learner_weights(algo2)
