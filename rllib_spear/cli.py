@@ -41,7 +41,13 @@ def apply_overrides(exp: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise SystemExit(f"--set {key}: {p!r} is not a mapping in the config")
-        node[path[-1]] = yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
+        if isinstance(value, str):
+            try:  # YAML 1.1 reads "2e-4" as a string; users mean the number
+                value = float(value)
+            except ValueError:
+                pass
+        node[path[-1]] = value
     return exp
 
 

@@ -19,6 +19,14 @@ from torch.utils.checkpoint import checkpoint
 __all__ = ["token_logprobs", "naive_token_logprobs", "position_ids_from_mask", "unwrap_causal_lm"]
 
 
+#: Default chunk budget: float32 logits elements per chunk (2**24 = 64 MB).
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
+
+
+def lm_vocab(model) -> int:
+    return int(unwrap_causal_lm(model).config.vocab_size)
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """RoPE positions that ignore left padding (what ``generate`` uses): cumsum(mask) - 1."""
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
@@ -43,11 +51,14 @@ def _chunk_stats(head, hidden, targets, temperature: float, want_entropy: bool):
     logits = head(hidden).float()
     if temperature != 1.0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # log p(target) = logit[target] - logsumexp(logits): autograd keeps the logits and a [B, c]
+    # normaliser, not a second [B, c, V] log-softmax tensor
+    lse = torch.logsumexp(logits, dim=-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     if not want_entropy:
         return logp, None
-    ent = -(logp_all.exp() * logp_all).sum(-1)
+    p = torch.softmax(logits, dim=-1)
+    ent = lse - (p * logits).sum(-1)
     return logp, ent
 
 
@@ -79,7 +90,7 @@ def token_logprobs(
     attention_mask: torch.Tensor | None = None,
     *,
     temperature: float = 1.0,
-    chunk_size: int = 512,
+    chunk_size: int | None = None,
     return_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
 ):
@@ -91,7 +102,7 @@ def token_logprobs(
             mask, so a left-padded row scores like the unpadded one).
         temperature: scores under softmax(logits / temperature).
         chunk_size: positions per head chunk (the float32 logits alive at once are
-            [B, chunk_size, V]).
+            [B, chunk_size, V]); default: as many as fit ``DEFAULT_CHUNK_ELEMENTS`` logits.
         return_entropy: also return the entropy of the next-token distribution that produced
             token t, at position t (same alignment and zeros as the log-probs).
 
@@ -106,6 +117,9 @@ def token_logprobs(
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     B, T = input_ids.shape
+    if chunk_size is None:
+        vocab = head.weight.shape[0] if hasattr(head, "weight") else lm_vocab(model)
+        chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(1, B * vocab))
     # hidden[:, t] predicts token t + 1
     h = hidden[:, :-1]
     targets = input_ids[:, 1:]

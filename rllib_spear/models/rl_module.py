@@ -1,12 +1,14 @@
 """An RLlib (new API stack) ``TorchRLModule`` that holds a Hugging Face causal LM.
 
 ``model_config`` keys:
-    model_path (str, required): a ``save_pretrained`` folder.
+    model_path (str, required): a ``save_pretrained`` folder, or "embedded" / "embedded:<task>"
+        for the project's default policy (``default_policy_path``).
     dtype (str): "float32" (default), "bfloat16", "float16".
     lora (dict | None): ``peft.LoraConfig`` kwargs (e.g. ``{"r": 8, "lora_alpha": 16,
         "target_modules": ["q_proj", "v_proj"]}``); only the adapters train.
     gradient_checkpointing (bool): activation checkpointing in the transformer body.
-    logprob_chunk_size (int): positions per output-head chunk (default 512).
+    logprob_chunk_size (int | None): positions per output-head chunk (default: automatic, about
+        64 MB of float32 logits per chunk).
     temperature (float): score under softmax(logits / T) (default 1.0, match the sampler's T).
 
 ``forward_train(batch)`` takes ``input_ids`` and ``attention_mask`` ([B, T] tensors) and returns
@@ -32,7 +34,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 
 from .logprobs import token_logprobs
 
-__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec"]
+__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "resolve_model_path"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,6 +43,16 @@ def _dtype(x) -> torch.dtype:
     if isinstance(x, torch.dtype):
         return x
     return _DTYPES[str(x).replace("torch.", "")]
+
+
+def resolve_model_path(path: str, default_task: str = "search_qa") -> str:
+    """"embedded" / "embedded:<task>" -> the cached default policy; anything else unchanged."""
+    if path == "embedded" or path.startswith("embedded:"):
+        from .sft import default_policy_path
+
+        task = path.split(":", 1)[1] if ":" in path else default_task
+        return default_policy_path(task=None if task in ("", "default") else task)
+    return path
 
 
 class HFCausalLMRLModule(TorchRLModule):
@@ -52,9 +64,11 @@ class HFCausalLMRLModule(TorchRLModule):
         cfg = dict(self.model_config or {})
         if "model_path" not in cfg:
             raise ValueError("HFCausalLMRLModule needs model_config['model_path']")
-        self._chunk_size = int(cfg.get("logprob_chunk_size", 512))
+        chunk = cfg.get("logprob_chunk_size")
+        self._chunk_size = int(chunk) if chunk else None
         self._temperature = float(cfg.get("temperature", 1.0))
-        model = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=_dtype(cfg.get("dtype", "float32")))
+        path = resolve_model_path(str(cfg["model_path"]))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(cfg.get("dtype", "float32")))
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         lora = cfg.get("lora")
         self._is_lora = bool(lora) and not self.inference_only
@@ -136,6 +150,15 @@ class HFCausalLMRLModule(TorchRLModule):
                 continue  # tied to the input embedding; shipping it twice doubles the payload
             out[k] = v.detach().to("cpu", copy=True)
         return out
+
+    @staticmethod
+    def hf_state_dict_from_state(state: Dict[str, Any]) -> Dict[str, torch.Tensor]:
+        """An engine-ready HF state dict (torch tensors, HF names) from this module's
+        ``get_state(inference_only=True)`` (numpy arrays are converted; a full PEFT state is
+        refused: ask for ``inference_only=True``, which merges the adapters)."""
+        if any("lora_" in k or k.startswith("base_model.model.") for k in state):
+            raise ValueError("a PEFT (LoRA) module state is not an HF state dict: use get_state(inference_only=True)")
+        return {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))) for k, v in state.items()}
 
     def set_state(self, state: Dict[str, Any]) -> None:
         if not state:
