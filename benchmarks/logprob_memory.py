@@ -2,7 +2,10 @@
 
 Each variant runs in a fresh subprocess; the number reported is the rise of the process's peak
 RSS (ru_maxrss) over its RSS just before the forward pass, so allocator reuse between variants
-cannot hide anything. CPU only, no downloads (random-init Qwen2 config).
+cannot hide anything. The subprocesses run with a fixed glibc mmap threshold
+(MALLOC_MMAP_THRESHOLD_=131072): with glibc's default dynamic threshold, freed multi-MB chunks stay
+in the heap, fragment, and RSS then counts memory that is free (it over-reports the chunked path,
+which allocates many medium tensors). CPU only, no downloads (random-init Qwen2 config).
 
     .venv/bin/python benchmarks/logprob_memory.py [--batch 4 --seq 1024 --vocab 32000 --chunk 256]
 """
@@ -45,10 +48,10 @@ def run_one(mode: str, a) -> dict:
     if mode == "naive":
         lp = naive_token_logprobs(model, ids, mask)
     else:
-        lp = token_logprobs(model, ids, mask, chunk_size=a.chunk)
+        lp = token_logprobs(model, ids, mask, chunk_size=a.chunk or None)
     lp.sum().backward()
     dt = time.time() - t
-    return {"mode": mode, "peak_rise_mb": _peak_mb() - base, "seconds": dt, "logp_sum": float(lp.sum())}
+    return {"mode": mode, "peak_rise_mb": _peak_mb() - base, "seconds": dt, "logp_sum": float(lp.detach().sum())}
 
 
 def main() -> None:
@@ -57,7 +60,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=0, help="0 = token_logprobs' automatic chunk size")
     ap.add_argument("--one", choices=["naive", "chunked"])
     a = ap.parse_args()
     if a.one:
@@ -69,7 +72,8 @@ def main() -> None:
     res = {}
     for mode in ("naive", "chunked"):
         cmd = [sys.executable, __file__, "--one", mode] + [f"--{k}={getattr(a, k)}" for k in ("batch", "seq", "vocab", "hidden", "chunk")]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")}
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout.strip().splitlines()[-1]
         res[mode] = json.loads(out)
         print(f"{mode:8s} peak RSS rise {res[mode]['peak_rise_mb']:8.1f} MB   fwd+bwd {res[mode]['seconds']:.2f} s")
     ratio = res["chunked"]["peak_rise_mb"] / res["naive"]["peak_rise_mb"]
