@@ -1,0 +1,45 @@
+"""Models: tiny from-scratch policies, the trained ChatML tokenizer, cold-start SFT, chunked
+log-probs, the RLlib RLModule holding a HF causal LM, and the packaged SmolLM2 loader.
+
+Imports are lazy (``rllib_spear.models.X`` loads its submodule on first use), so importing this
+package does not import torch, transformers or ray.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "train_chat_tokenizer": "tokenizer",
+    "assistant_token_mask": "tokenizer",
+    "CHATML_TEMPLATE": "tokenizer",
+    "build_tiny_model": "factory",
+    "tiny_model_path": "factory",
+    "synthetic_conversations": "factory",
+    "conversation_texts": "factory",
+    "default_cache_dir": "factory",
+    "cold_start_sft": "sft",
+    "default_policy_path": "sft",
+    "DEFAULT_POLICY_RECIPE": "sft",
+    "token_logprobs": "logprobs",
+    "naive_token_logprobs": "logprobs",
+    "HFCausalLMRLModule": "rl_module",
+    "hf_rl_module_spec": "rl_module",
+    "resolve_model_path": "rl_module",
+    "smollm2_path": "smollm",
+    "smollm2_gguf_path": "smollm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'rllib_spear.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -46,6 +46,57 @@ def _set_env_defaults(on_cpu: bool) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def _patch_cpu_kernel_scan() -> None:
+    """Work around a vLLM 0.32 CPU-backend crash when numba/llvmlite is imported (the BM25
+    retriever imports it): at worker init, ``triton_utils.dispatcher._rebind_kernels`` scans every
+    module attribute and calls ``vars(value).get(...)``; llvmlite's ``ffi.lib`` answers any
+    attribute (``__dict__`` included) with a function wrapper, so ``LLM()`` fails with
+    "AttributeError: '_lib_fn_wrapper' object has no attribute 'get'". The replacement below is
+    the same scan, skipping objects whose ``__dict__`` is not a dict."""
+    try:
+        from vllm.triton_utils import dispatcher
+    except Exception:  # pragma: no cover - other vLLM versions
+        return
+    orig = getattr(dispatcher, "_rebind_kernels", None)
+    if orig is None or getattr(orig, "_rllib_spear_safe", False):
+        return
+    import sys
+
+    def _rebind_kernels(overrides):
+        originals = {original: wrapper for original, wrapper in overrides}
+
+        def lookup(value):
+            for original in originals:
+                if value is original:
+                    return originals[original]
+            return None
+
+        for module in list(sys.modules.values()):
+            namespace = getattr(module, "__dict__", None)
+            if not isinstance(namespace, dict) or not namespace:
+                continue
+            for attr, value in list(namespace.items()):
+                wrapper = lookup(value)
+                if wrapper is not None:
+                    setattr(module, attr, wrapper)
+                    continue
+                try:
+                    inst = object.__getattribute__(value, "__dict__")
+                except Exception:
+                    inst = None
+                if not isinstance(inst, (dict, type(type.__dict__))):
+                    continue
+                wrapper = lookup(inst.get("kernel"))
+                if wrapper is None:
+                    continue
+                value.kernel = wrapper
+                if not isinstance(value, type):
+                    value.__dict__.pop("_kernel_arg_names", None)
+
+    _rebind_kernels._rllib_spear_safe = True
+    dispatcher._rebind_kernels = _rebind_kernels
+
+
 def _reload(worker, items):
     worker.reload_weights(weights_iterator=items)
 
@@ -86,6 +137,9 @@ class VLLMEngine(GenerationEngine):
         on_cpu = not torch.cuda.is_available()
         _set_env_defaults(on_cpu)
         from vllm import LLM
+
+        if on_cpu:
+            _patch_cpu_kernel_scan()
 
         self.model_path = str(model_path)
         self.on_cpu = on_cpu
