@@ -10,9 +10,15 @@
     logprob_chunk_size (int | None): positions per output-head chunk (default: automatic, about
         64 MB of float32 logits per chunk).
     temperature (float): score under softmax(logits / T) (default 1.0, match the sampler's T).
+    compute_entropy (bool): default of the per-call entropy switch (default True). The
+        full-vocabulary entropy costs an extra pass over the logits of every head chunk (and its
+        recomputation in the backward pass), so callers that do not need it turn it off per call
+        with ``batch["_need_entropy"] = False`` (the GRPO learner does when ``entropy_coeff == 0``,
+        see ``GRPOTorchLearner``).
 
 ``forward_train(batch)`` takes ``input_ids`` and ``attention_mask`` ([B, T] tensors) and returns
-``{"logp": [B, T], "entropy": [B, T]}`` aligned like ``rllib_spear.core.trajectory`` (position t
+``{"logp": [B, T], "entropy": [B, T]}`` (``entropy`` only when requested, see
+``compute_entropy``) aligned like ``rllib_spear.core.trajectory`` (position t
 is about token t; position 0 and padding are 0).
 
 State: ``get_state`` returns torch tensors with Hugging Face parameter names (no module prefix,
@@ -67,6 +73,7 @@ class HFCausalLMRLModule(TorchRLModule):
         chunk = cfg.get("logprob_chunk_size")
         self._chunk_size = int(chunk) if chunk else None
         self._temperature = float(cfg.get("temperature", 1.0))
+        self._compute_entropy = bool(cfg.get("compute_entropy", True))
         path = resolve_model_path(str(cfg["model_path"]))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(cfg.get("dtype", "float32")))
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -90,15 +97,18 @@ class HFCausalLMRLModule(TorchRLModule):
         ids = torch.as_tensor(batch["input_ids"], dtype=torch.long, device=self._device())
         mask = batch.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, device=ids.device).long()
-        logp, ent = token_logprobs(
+        need = batch.get("_need_entropy", kwargs.get("need_entropy", self._compute_entropy))
+        out = token_logprobs(
             self.model,
             ids,
             mask,
             temperature=self._temperature,
             chunk_size=self._chunk_size,
-            return_entropy=True,
+            return_entropy=bool(need),
         )
-        return {"logp": logp, "entropy": ent}
+        if need:
+            return {"logp": out[0], "entropy": out[1]}
+        return {"logp": out}
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         return self._forward(batch, **kwargs)

@@ -190,9 +190,13 @@ def _default_task_data(recipe: dict) -> tuple[list[list[dict]], list[str]]:
     import rllib_spear.envs as envs
 
     tasks = envs.load_tasks(recipe["task"])
-    convs = envs.scripted_demonstrations(
-        recipe["task"], tasks, tool_use_rate=recipe["tool_use_rate"], seed=recipe["demo_seed"]
-    )
+    # Several passes over the tasks with different scripted choices: the same questions are
+    # seen both answered directly and answered after a search.
+    convs = []
+    for k in range(int(recipe.get("demo_passes", 1))):
+        convs += envs.scripted_demonstrations(
+            recipe["task"], tasks, tool_use_rate=recipe["tool_use_rate"], seed=recipe["demo_seed"] + k
+        )
     texts: list[str] = []
     if recipe.get("corpus", True):
         try:

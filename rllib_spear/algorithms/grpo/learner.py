@@ -12,11 +12,17 @@ loss normalizers already computed). Here:
 * on-policy rows and replayed (SIL) rows may share a batch (``joint`` mode): each part gets its
   own loss config (Clip-Cov replay parameters) and normalizer, and replay rows are weighted by
   ``loss_weight`` (w_SIL).
+
+Entropy: the full-vocabulary entropy costs an extra pass over the logits of every head chunk
+(plus its recomputation in the checkpointed backward). The learner asks the module for it
+(``batch["_need_entropy"]``) on every micro-batch only when ``entropy_coeff > 0`` (the bonus needs
+its gradient); otherwise only on the first micro-batch of each update, so the ``entropy`` metric is
+still logged (a sample of about one micro-batch per update instead of all of them) at a fraction
+of the cost. The old-log-prob recomputation never asks for it.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
 import numpy as np
@@ -90,25 +96,33 @@ class GRPOTorchLearner(TorchLearner):
                                           temperature=float(config.temperature))
         is_replay = batch["is_replay"].bool()
         total = logp.new_zeros(())
-        for replay in (False, True):
-            rows = is_replay if replay else ~is_replay
-            if not bool(rows.any()):
-                continue
+        # One host sync decides the parts; a part holding every row is used without indexing
+        # (no row copies in the forward, no index_put in the backward: the common on-policy case).
+        n_replay = int(is_replay.sum())
+        n_rows = int(is_replay.shape[0])
+        parts = []
+        if n_replay < n_rows:
+            parts.append((False, None if n_replay == 0 else ~is_replay))
+        if n_replay > 0:
+            parts.append((True, None if n_replay == n_rows else is_replay))
+        for replay, rows in parts:
+            def take(t, rows=rows):
+                return t if rows is None else t[rows]
             norm = LossNormalizer(
-                num_tokens=float(batch["norm_num_tokens"][rows][0]),
-                num_seqs=float(batch["norm_num_seqs"][rows][0]),
-                t_norm=float(batch["t_norm"][rows][0]),
+                num_tokens=float(take(batch["norm_num_tokens"])[0]),
+                num_seqs=float(take(batch["norm_num_seqs"])[0]),
+                t_norm=float(take(batch["t_norm"])[0]),
             )
             loss_cfg = config.policy_loss_config(replay=replay)
             loss, metrics = policy_loss(
-                logp[rows], batch["old_logp"][rows], batch["advantages"][rows],
-                batch["loss_mask"][rows], config=loss_cfg, normalizer=norm,
-                engine_logp=batch["engine_logp"][rows] if loss_cfg.tis_cap else None,
-                ref_logp=None if ref_logp is None else ref_logp[rows],
-                entropy=None if entropy is None else entropy[rows],
+                take(logp), take(batch["old_logp"]), take(batch["advantages"]),
+                take(batch["loss_mask"]), config=loss_cfg, normalizer=norm,
+                engine_logp=take(batch["engine_logp"]) if loss_cfg.tis_cap else None,
+                ref_logp=None if ref_logp is None else take(ref_logp),
+                entropy=None if entropy is None else take(entropy),
                 generator=self._cov_generator,
             )
-            weight = float(batch["loss_weight"][rows][0])
+            weight = float(take(batch["loss_weight"])[0])
             total = total + weight * loss
             prefix = "sil_" if replay else ""
             for k, v in metrics.items():
@@ -116,9 +130,9 @@ class GRPOTorchLearner(TorchLearner):
             # Engine-vs-trainer mismatch: logp_new before any optimizer step equals the trainer's
             # logp_old, so measure it on the first mini-batch of an update.
             if not replay and self._first_minibatch:
-                m = batch["loss_mask"][rows] > 0
+                m = take(batch["loss_mask"]) > 0
                 if bool(m.any()):
-                    diff = (logp[rows].detach() - batch["engine_logp"][rows]).abs()[m]
+                    diff = (take(logp).detach() - take(batch["engine_logp"])).abs()[m]
                     self.metrics.log_value((module_id, "logp_mismatch_mean"), float(diff.mean()), window=1000)
                     self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
         return total
@@ -147,6 +161,8 @@ class GRPOTorchLearner(TorchLearner):
             data["old_logp"] = self._recompute_old_logp(module, data, budget)
         fwd_out: dict = {}
         trained_tokens = 0
+        # Entropy on every micro-batch only when the bonus needs it; else one sample for metrics.
+        entropy_always = float(getattr(config, "entropy_coeff", 0.0) or 0.0) > 0
         for mb in range(num_minibatches):
             self._first_minibatch = mb == 0
             rows = torch.nonzero(mb_ids == mb).flatten()
@@ -165,6 +181,7 @@ class GRPOTorchLearner(TorchLearner):
                         sub = _dummy_rows(data, rows[:0] if len(rows) else torch.arange(1))
                     else:
                         sub = _slice_rows(data, rows[part])
+                    sub["_need_entropy"] = entropy_always or (mb == 0 and i == 0)
                     fwd_out = module.forward_train(sub)
                     loss = self.compute_loss_for_module(
                         module_id=module_id, config=config, batch=sub, fwd_out=fwd_out)
@@ -190,6 +207,7 @@ def _recompute_old_logp_impl(learner, module, data: dict, budget: int) -> torch.
     with torch.no_grad():
         for part in parts:
             sub = _slice_rows(data, part)
+            sub["_need_entropy"] = False
             logp = module.forward_train(sub)["logp"].detach()
             T = logp.shape[1]
             out[part, :T] = logp * sub["loss_mask"]
@@ -248,7 +266,8 @@ def _dummy_rows(data: dict, _: torch.Tensor) -> dict:
 
 
 def _global_norm(grads) -> float:
-    total = 0.0
-    for g in grads:
-        total += float(g.detach().float().pow(2).sum())
-    return math.sqrt(total)
+    """L2 norm over all gradients with a single host sync (not one per parameter)."""
+    gs = [g.detach() for g in grads]
+    if not gs:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm(gs, norm_type=2.0))
