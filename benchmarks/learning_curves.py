@@ -180,7 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, 6 iterations, main variants only")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-4)

@@ -184,7 +184,7 @@ class VLLMEngine(GenerationEngine):
             spaces_between_special_tokens=False,
             logprobs=0,
             seed=seed,
-            detokenize=True,
+            detokenize=bool(sampling.stop),  # text is only needed to match stop strings
             **extra,
         )
 
