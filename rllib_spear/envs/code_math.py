@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from rllib_spear.envs.base import StepResult, ToolEnv
-from rllib_spear.envs.parsers import CodeParser, HermesParser, check_think_format, extract_boxed
+from rllib_spear.envs.parsers import CodeParser, HermesParser, begin_turn, extract_boxed
 from rllib_spear.envs.sandbox import PythonSandbox, SandboxConfig
 
 __all__ = ["CodeMathEnv", "math_answers_match", "CODE_PROMPTS"]
@@ -153,15 +153,10 @@ class CodeMathEnv(ToolEnv):
         return self._format_output(res)
 
     def step(self, assistant_text: str) -> StepResult:
-        if self.done:
+        turn = begin_turn(self, assistant_text)
+        if turn is None:
             return StepResult(None, 0.0, True, {"error": "episode is over; call reset()"})
-        if not isinstance(assistant_text, str):
-            assistant_text = "" if assistant_text is None else str(assistant_text)
-        self.turns += 1
-        fe = check_think_format(assistant_text)
-        if fe:
-            self.format_errors.append(f"turn {self.turns}: {fe}")
-        parsed = self.parser.parse(assistant_text)
+        assistant_text, parsed = turn
         info: dict[str, Any] = {"action": parsed.kind}
         if parsed.kind == "answer":
             self.queries_per_step.append(0)

@@ -32,6 +32,7 @@ __all__ = [
     "ParsedTurn",
     "extract_answer",
     "extract_boxed",
+    "begin_turn",
     "check_think_format",
     "parse_json_list_of_strings",
     "SearchR1Parser",
@@ -141,6 +142,24 @@ def extract_boxed(text: str) -> str | None:
         if o in match:
             return text[o + 1 : match[o]].strip()
     return None
+
+
+def begin_turn(env, assistant_text) -> "tuple[str, ParsedTurn] | None":
+    """Shared start of a turn for parser-driven envs (search, code).
+
+    Coerces the text to ``str``, counts the turn, records a think-format error in
+    ``env.format_errors`` and parses with ``env.parser``. Returns None when the episode is
+    already over (the caller answers with a terminal ``StepResult``).
+    """
+    if env.done:
+        return None
+    if not isinstance(assistant_text, str):
+        assistant_text = "" if assistant_text is None else str(assistant_text)
+    env.turns += 1
+    fe = check_think_format(assistant_text)
+    if fe:
+        env.format_errors.append(f"turn {env.turns}: {fe}")
+    return assistant_text, env.parser.parse(assistant_text)
 
 
 def check_think_format(text: str) -> str | None:

@@ -37,11 +37,11 @@ from rllib_spear.core.answers import (
 )
 from rllib_spear.envs.base import StepResult, ToolEnv
 from rllib_spear.envs.parsers import (
+    begin_turn,
     HermesParser,
     ParsedTurn,
     SearchR1Parser,
     SpaderParser,
-    check_think_format,
     parse_json_list_of_strings,
 )
 from rllib_spear.envs.retrieval import format_search_results, get_retriever
@@ -169,15 +169,10 @@ class _SearchEnvBase(ToolEnv):
 
     # -- episode -------------------------------------------------------------------------------
     def step(self, assistant_text: str) -> StepResult:
-        if self.done:
+        turn = begin_turn(self, assistant_text)
+        if turn is None:
             return StepResult(None, 0.0, True, {"error": "episode is over; call reset()"})
-        if not isinstance(assistant_text, str):
-            assistant_text = "" if assistant_text is None else str(assistant_text)
-        self.turns += 1
-        fe = check_think_format(assistant_text)
-        if fe:
-            self.format_errors.append(f"turn {self.turns}: {fe}")
-        parsed = self.parser.parse(assistant_text)
+        assistant_text, parsed = turn
         info: dict[str, Any] = {"action": parsed.kind}
         if parsed.kind == "answer":
             self.queries_per_step.append(0)
