@@ -52,7 +52,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     out["truncation_rate"] = _mean([float(t.truncated) for t in trajs])
     out["generated_tokens"] = float(sum(t.num_generated_tokens for t in trajs))
     gen_t = sum(float(s.get("generation_time_s", 0.0)) for s in runner_stats)
-    gen_tok = sum(float(s.get("generated_tokens", 0.0)) for s in runner_stats)
     if gen_t > 0:
         # Runners work in parallel: per-runner rates add up.
         out["gen_tokens_per_s"] = float(sum(
@@ -60,7 +59,6 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
             for s in runner_stats if s.get("generation_time_s", 0) > 0))
     out["env_time_s"] = sum(float(s.get("env_time_s", 0.0)) for s in runner_stats)
     out["generation_time_s"] = gen_t
-    del gen_tok
     if expected_version is not None:
         out["policy_version"] = float(max(t.policy_version for t in trajs))
         out["policy_version_lag_max"] = float(max(expected_version - t.policy_version for t in trajs))

@@ -45,9 +45,9 @@ def hf_state_dict_from_module_state(state: Any) -> dict:
         state = ray.get(state)
     if isinstance(state, dict) and DEFAULT_MODULE_ID in state:
         state = state[DEFAULT_MODULE_ID]
-    # HFCausalLMRLModule.get_state() is the HF state_dict itself (torch tensors; a tied lm_head
-    # left out; LoRA deltas merged when inference_only).
-    return dict(state or {})
+    from ..models.rl_module import HFCausalLMRLModule
+
+    return HFCausalLMRLModule.hf_state_dict_from_state(state or {})
 
 
 class LLMEnvRunner(EnvRunner, Checkpointable):

@@ -94,7 +94,6 @@ class GRPO(Algorithm):
         cfg = self.config
         rewards = np.array([t.total_reward for t in trajs], np.float64)
         uids = [t.uid for t in trajs]
-        adv = group_advantages(rewards, uids, std_normalize=cfg.std_normalize_advantages)
         if cfg.advantage_estimator == "spa":
             per_step = [step_rewards_with_outcome(t) for t in trajs]
             step_adv = step_peer_advantages(per_step, uids, gamma=cfg.spa_gamma)
@@ -103,6 +102,7 @@ class GRPO(Algorithm):
                 t.info["step_advantages"] = [float(x) for x in a]
             episode_adv = group_advantages(rewards, uids, std_normalize=False)
             return token_adv, episode_adv
+        adv = group_advantages(rewards, uids, std_normalize=cfg.std_normalize_advantages)
         return [t.token_advantages(float(a)) for t, a in zip(trajs, adv)], adv
 
     def replay_rows(self, step: int) -> tuple[list[LearnerRow], bool]:

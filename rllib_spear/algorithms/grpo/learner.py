@@ -138,7 +138,17 @@ class GRPOTorchLearner(TorchLearner):
         return total
 
     def _recompute_old_logp(self, module, data: dict, budget: int) -> torch.Tensor:
-        return _recompute_old_logp_impl(self, module, data, budget)
+        """logp_old under the current weights (no grad), micro-batched like the update."""
+        out = data["old_logp"].clone()
+        parts = _token_budget_microbatches(data["attention_mask"], budget)
+        with torch.no_grad():
+            for part in parts:
+                sub = _slice_rows(data, part)
+                sub["_need_entropy"] = False
+                logp = module.forward_train(sub)["logp"].detach()
+                T = logp.shape[1]
+                out[part, :T] = logp * sub["loss_mask"]
+        return out
 
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
@@ -199,19 +209,6 @@ class GRPOTorchLearner(TorchLearner):
         self.metrics.log_value((module_id, "num_optimizer_steps"), num_minibatches, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
         return fwd_out, {module_id: last_loss}, {}
-
-
-def _recompute_old_logp_impl(learner, module, data: dict, budget: int) -> torch.Tensor:
-    out = data["old_logp"].clone()
-    parts = _token_budget_microbatches(data["attention_mask"], budget)
-    with torch.no_grad():
-        for part in parts:
-            sub = _slice_rows(data, part)
-            sub["_need_entropy"] = False
-            logp = module.forward_train(sub)["logp"].detach()
-            T = logp.shape[1]
-            out[part, :T] = logp * sub["loss_mask"]
-    return out
 
 
 def _hf_model_of(module):
