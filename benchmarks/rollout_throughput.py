@@ -180,12 +180,9 @@ def main() -> None:
             return
         from rllib_spear.env_runners.engines.vllm_engine import VLLMEngine
 
-        # A prefill split over scheduler steps (chunked prefill: the batch's prompt tokens exceed
-        # max_num_batched_tokens, 4096 by default) crashes vLLM's CPU runner on seeded requests
-        # ("CPU Generator does not use offset"); one step must hold the whole batch's prefill.
-        budget = max(8192, args.tasks * args.group * args.max_model_len)
-        veng = VLLMEngine(path, seed=0, max_model_len=args.max_model_len,
-                          max_num_batched_tokens=budget)
+        # One scheduler step per prefill wave (VLLMEngine sets the CPU token budget and splits
+        # larger batches), so the raw replay below gets the same budget.
+        veng = VLLMEngine(path, seed=0, max_model_len=args.max_model_len)
         llm = getattr(veng, "llm", None) or getattr(veng, "_llm")
         bench(veng, eng.tokenizer, tasks, args, lambda calls: raw_vllm(llm, calls), "vllm")
         # Same, but the raw side replays each row's own length: the same number of decode steps

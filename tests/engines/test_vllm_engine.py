@@ -88,3 +88,29 @@ def test_weight_update_serves_new_weights(vllm_engine, hf_engine, tiny_path, cha
         vllm_engine.update_weights(original, version=0)  # the session engine serves the originals again
     for b, r in zip(vllm_engine.score(seqs), before):
         assert _max_gap(b, r) < 1e-5
+
+
+def test_prefill_waves_split_by_budget():
+    from rllib_spear.env_runners.engines.vllm_engine import prefill_waves
+
+    assert prefill_waves([3, 4, 2, 5, 1], 7) == [[0, 1], [2, 3], [4]]
+    assert prefill_waves([9, 1, 1], 5) == [[0], [1, 2]]  # an over-long prompt rides alone
+    assert prefill_waves([], 5) == []
+    assert prefill_waves([2, 2], 100) == [[0, 1]]
+
+
+def test_seeded_batch_larger_than_one_scheduler_step(vllm_engine, chat_prompts):
+    """More prompt tokens than ``max_num_batched_tokens`` in one seeded call: vLLM's CPU runner
+    would chunk a prefill and fail ("CPU Generator does not use offset"); the engine splits the
+    batch into waves instead. Samples stay reproducible and each row matches its own re-run."""
+    budget = vllm_engine.prefill_budget or 32768
+    base = [t for p in chat_prompts for t in p]
+    long_prompt = (base * (900 // len(base) + 1))[:900]
+    n = budget // 900 + 3
+    prompts = [long_prompt[: 850 + (i % 50)] for i in range(n)]
+    assert sum(map(len, prompts)) > budget
+    sc = SamplingConfig(max_new_tokens=2, seed=7)
+    outs = vllm_engine.generate(prompts, sc)
+    assert all(len(o.token_ids) > 0 for o in outs)
+    again = vllm_engine.generate(prompts, sc)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in again]

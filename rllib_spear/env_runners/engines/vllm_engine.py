@@ -111,6 +111,25 @@ def _repack_lm_head(worker):
     dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)
 
 
+#: Default per-step token budget (``max_num_batched_tokens``) of the CPU backend.
+_CPU_PREFILL_BUDGET = 32768
+
+
+def prefill_waves(prompt_lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Split request indices, in order, into consecutive waves whose prompt tokens sum to at most
+    ``budget`` (a prompt longer than ``budget`` gets a wave of its own), so that every prefill of a
+    wave fits in one scheduler step."""
+    waves: list[list[int]] = []
+    used = budget + 1
+    for i, n in enumerate(prompt_lengths):
+        if used + n > budget:
+            waves.append([])
+            used = 0
+        waves[-1].append(i)
+        used += n
+    return waves
+
+
 class VLLMEngine(GenerationEngine):
     """Sample completions with an in-process ``vllm.LLM``.
 
@@ -154,6 +173,12 @@ class VLLMEngine(GenerationEngine):
         self.update_method = update_method
         llm_kwargs.setdefault("enforce_eager", on_cpu)
         llm_kwargs.setdefault("enable_prefix_caching", True)
+        if on_cpu:
+            # vLLM's CPU sampler fails on a seeded request whose prefill is split over scheduler
+            # steps ("CPU Generator does not use offset"). A large per-step token budget plus
+            # ``generate`` splitting the batch by it keeps every prefill in one step.
+            llm_kwargs.setdefault("max_num_batched_tokens", max(_CPU_PREFILL_BUDGET, max_model_len))
+        self.prefill_budget = int(llm_kwargs["max_num_batched_tokens"]) if on_cpu else None
         self.llm = LLM(
             model=self.model_path,
             dtype=dtype,
@@ -222,11 +247,13 @@ class VLLMEngine(GenerationEngine):
                 outputs[i] = GenerationOutput([], [], "length")
             elif len(prompts[i]) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        if todo:
-            reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in prompts[i]]) for i in todo]
-            params = [self._params(sampling, caps[i], seeds[i]) for i in todo]
+        budget = self.prefill_budget if self.prefill_budget is not None else sum(len(prompts[i]) for i in todo)
+        for wave in prefill_waves([len(prompts[i]) for i in todo], budget):
+            wave = [todo[j] for j in wave]
+            reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in prompts[i]]) for i in wave]
+            params = [self._params(sampling, caps[i], seeds[i]) for i in wave]
             results = self.llm.generate(reqs, sampling_params=params, use_tqdm=False)
-            for i, res in zip(todo, results):
+            for i, res in zip(wave, results):
                 comp = res.outputs[0]
                 ids = list(comp.token_ids)
                 lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
@@ -244,7 +271,10 @@ class VLLMEngine(GenerationEngine):
             raise NotImplementedError("VLLMEngine.score supports temperature 1 only (raw prompt logprobs)")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0, detokenize=False)
         reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in sequences]
-        results = self.llm.generate(reqs, sampling_params=params, use_tqdm=False)
+        budget = self.prefill_budget if self.prefill_budget is not None else sum(len(s) for s in sequences)
+        results = []
+        for wave in prefill_waves([len(s) for s in sequences], budget):
+            results += self.llm.generate([reqs[i] for i in wave], sampling_params=params, use_tqdm=False)
         out = []
         for seq, res in zip(sequences, results):
             row = [0.0]
