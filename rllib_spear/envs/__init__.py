@@ -60,7 +60,7 @@ def system_prompt(name: str, **env_config: Any) -> str:
 
 
 def scripted_demonstrations(env_name: str, tasks: list[dict], *, tool_use_rate: float = 0.2, seed: int = 0,
-                            env_config: dict | None = None) -> list[list[dict[str, str]]]:
+                            env_config: dict | None = None, think: str = "plain") -> list[list[dict[str, str]]]:
     from rllib_spear.envs.demos import scripted_demonstrations as _sd
 
-    return _sd(env_name, tasks, tool_use_rate=tool_use_rate, seed=seed, env_config=env_config)
+    return _sd(env_name, tasks, tool_use_rate=tool_use_rate, seed=seed, env_config=env_config, think=think)

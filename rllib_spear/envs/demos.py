@@ -35,26 +35,51 @@ def _search_call(parser: str, queries: list[str]) -> str:
 
 
 def _play(env, task, turns_fn) -> list[dict[str, str]]:
+    """Run ``turns_fn(env, observations)``'s assistant turns through ``env``; the generator sees
+    each tool observation (appended to ``observations``) before it yields the next turn."""
     msgs = list(env.reset(task))
-    for text in turns_fn(env):
+    observations: list[str] = []
+    for text in turns_fn(env, observations):
         msgs.append({"role": "assistant", "content": text})
         res = env.step(text)
         if res.observation is not None:
             msgs.append({"role": "user", "content": res.observation})
+            observations.append(res.observation)
         if res.done:
             break
     return msgs
 
 
-def _demo_search_qa(env, task, rng, use_tool, pools):
+_DOC_LINE = re.compile(r"Doc \d+\(Title: [^)]*\) (.*)")
+
+
+def evidence_sentence(observation: str, needle: str, entity: str = "") -> str | None:
+    """The first sentence of a retrieved passage (in rank order) that contains ``needle``,
+    preferring one that also names ``entity``, cut right after ``needle`` (so that what the next
+    step needs is the last thing quoted); None if no sentence contains it."""
+    sentences = [x.strip() for m in _DOC_LINE.finditer(observation) for x in m.group(1).split(". ") if x.strip()]
+    hits = [x for x in sentences if needle in x]
+    best = [x for x in hits if entity and entity in x]
+    chosen = (best or hits or [None])[0]
+    if chosen is None:
+        return None
+    return chosen[: chosen.index(needle) + len(needle)] + "."
+
+
+def _demo_search_qa(env, task, rng, use_tool, pools, think="plain"):
     gold = task["golden_answers"][0]
     parser = env.parser_name
 
-    def turns(env):
+    def turns(env, observations):
         if use_tool:
-            for q in (task.get("queries") or [task["question"]])[: env.max_turns - 1]:
-                yield f"<think>I will search for {q}.</think>\n{_search_call(parser, [q])}"
-            yield f"<think>The results give the answer.</think>\n<answer>{gold}</answer>"
+            queries = (task.get("queries") or [task["question"]])[: env.max_turns - 1]
+            for k, q in enumerate(queries):
+                # "evidence": quote the sentence that leads to the next step (the next query, then
+                # the answer), so the answer is copied from text the model has just written.
+                ev = evidence_sentence(observations[-1], q, queries[k - 1]) if think == "evidence" and k else None
+                yield f"<think>{ev or f'I will search for {q}.'}</think>\n{_search_call(parser, [q])}"
+            ev = evidence_sentence(observations[-1], gold, queries[-1]) if think == "evidence" and observations else None
+            yield f"<think>{ev or 'The results give the answer.'}</think>\n<answer>{gold}</answer>"
         else:
             pool = pools.get(task.get("answer_type")) or [gold]
             yield f"<think>I will answer directly.</think>\n<answer>{rng.choice(pool)}</answer>"
@@ -62,14 +87,14 @@ def _demo_search_qa(env, task, rng, use_tool, pools):
     return _play(env, task, turns)
 
 
-def _demo_multi(env, task, rng, use_tool, pools):
+def _demo_multi(env, task, rng, use_tool, pools, think="plain"):
     parser = env.parser_name
 
     def first_alias(i):
         ent = task["answers"][i]
         return ent if isinstance(ent, str) else ent[0]
 
-    def turns(env):
+    def turns(env, observations):
         if use_tool:
             queries = list(task.get("queries") or [task["question"]])
             batches = [queries[:1]] + [queries[i : i + 2] for i in range(1, len(queries), 2)]
@@ -104,14 +129,14 @@ def _norm_set(ent) -> frozenset:
     return frozenset(a for a in (normalize_answer(x) for x in aliases) if a)
 
 
-def _demo_math(env, task, rng, use_tool, pools):
+def _demo_math(env, task, rng, use_tool, pools, think="plain"):
     gold = str(task["answer"])
     expr = task.get("expression")
     if not expr:
         m = re.search(r"What is (.+?)\?", task["prompt"])
         expr = m.group(1) if m else None
 
-    def turns(env):
+    def turns(env, observations):
         if use_tool and expr:
             code = f"print({expr})"
             if env.parser_name == "code":
@@ -131,10 +156,10 @@ def _demo_math(env, task, rng, use_tool, pools):
     return _play(env, task, turns)
 
 
-def _demo_game(env, task, rng, use_tool, pools):
+def _demo_game(env, task, rng, use_tool, pools, think="plain"):
     from rllib_spear.envs.text_game import generate_game, solve_game
 
-    def turns(env):
+    def turns(env, observations):
         if use_tool:
             if "seed" in task:
                 plan = solve_game(generate_game(int(task["seed"]), int(task.get("n_rooms", 3)),
@@ -173,8 +198,13 @@ def _answer_pools(env_name: str, tasks: list[dict]) -> dict[str, list[str]]:
 
 
 def scripted_demonstrations(env_name: str, tasks: list[dict], *, tool_use_rate: float = 0.2, seed: int = 0,
-                            env_config: dict[str, Any] | None = None) -> list[list[dict[str, str]]]:
-    """One conversation per task (see module docstring); deterministic in ``seed``."""
+                            env_config: dict[str, Any] | None = None, think: str = "plain") -> list[list[dict[str, str]]]:
+    """One conversation per task (see module docstring); deterministic in ``seed``.
+
+    ``think="evidence"`` (search_qa): after a search, the ``<think>`` quotes the retrieved sentence
+    that holds the next query or the answer instead of a fixed phrase."""
+    if think not in ("plain", "evidence"):
+        raise ValueError(f"think must be 'plain' or 'evidence', got {think!r}")
     from rllib_spear.envs import make_env
 
     if env_name not in _DEMOS:
@@ -185,5 +215,5 @@ def scripted_demonstrations(env_name: str, tasks: list[dict], *, tool_use_rate: 
     for i, task in enumerate(tasks):
         rng = _rng(seed, str(task.get("uid", i)))
         use_tool = rng.random() < tool_use_rate
-        out.append(_DEMOS[env_name](env, task, rng, use_tool, pools))
+        out.append(_DEMOS[env_name](env, task, rng, use_tool, pools, think=think))
     return out

@@ -113,3 +113,39 @@ def test_demo_rates_search_qa(sqa_tasks):
     mixed = scripted_demonstrations("search_qa", tasks, tool_use_rate=0.2, seed=1)
     frac = sum(any("<search>" in m["content"] for m in c if m["role"] == "assistant") for c in mixed) / len(mixed)
     assert 0.12 < frac < 0.3
+
+
+def test_evidence_sentence_quotes_the_clause_up_to_the_needle():
+    from rllib_spear.envs.demos import evidence_sentence
+
+    obs = ("<information>Doc 1(Title: Mira Gale) Mira Gale was a poet born in Wynby in 1729. Mira Gale invented "
+           "the silver bell and studied under Joren Lomax.\nDoc 2(Title: Velby) Velby is a town in the Highcairn "
+           "region on the Cellan river. Velby was founded in 1598 by Mira Gale.</information>")
+    assert evidence_sentence(obs, "poet") == "Mira Gale was a poet."
+    assert evidence_sentence(obs, "1729") == "Mira Gale was a poet born in Wynby in 1729."
+    assert evidence_sentence(obs, "Joren Lomax") == "Mira Gale invented the silver bell and studied under Joren Lomax."
+    # a needle in several sentences: the one naming the entity wins, else the first in rank order
+    assert evidence_sentence(obs, "Mira Gale", "1598") == "Velby was founded in 1598 by Mira Gale."
+    assert evidence_sentence(obs, "Mira Gale") == "Mira Gale."
+    assert evidence_sentence(obs, "Cellan") == "Velby is a town in the Highcairn region on the Cellan."
+    assert evidence_sentence(obs, "nowhere") is None
+    assert evidence_sentence("no documents here", "poet") is None
+
+
+def test_evidence_demos_answer_from_the_quoted_clause():
+    tasks = load_tasks("search_qa")[:40]
+    demos = scripted_demonstrations("search_qa", tasks, tool_use_rate=1.0, seed=0, think="evidence")
+    plain = scripted_demonstrations("search_qa", tasks, tool_use_rate=1.0, seed=0)
+    assert [len(d) for d in demos] == [len(p) for p in plain]  # same searches, same observations
+    quoted = 0
+    for task, conv in zip(tasks, demos):
+        final = conv[-1]["content"]
+        gold = task["golden_answers"][0]
+        assert final.endswith(f"<answer>{gold}</answer>")
+        think = final.split("<think>")[1].split("</think>")[0]
+        if think != "The results give the answer.":
+            assert think.endswith(gold + ".")  # the answer is the last thing quoted
+            quoted += 1
+    assert quoted >= 36  # the top passages hold the answer for (nearly) every embedded question
+    with pytest.raises(ValueError, match="think"):
+        scripted_demonstrations("search_qa", tasks[:1], think="cot")

@@ -59,6 +59,21 @@ def test_sft_examples_mask_only_assistant(sft_setup):
     assert short == []
 
 
+def _mean_nll(model, examples, assistant: bool = True) -> float:
+    """Mean next-token NLL over the assistant tokens (or, ``assistant=False``, all the others)."""
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for ids, mask in examples:
+            x = torch.tensor([ids])
+            lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
+            lp = lp.gather(-1, x[0, 1:, None])[:, 0]
+            m = torch.tensor(mask[1:], dtype=torch.bool)
+            m = m if assistant else ~m
+            tot += -lp[m].sum().item()
+            n += int(m.sum())
+    return tot / n
+
+
 def test_sft_learns_deterministic_and_cached(sft_setup, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -78,19 +93,44 @@ def test_sft_learns_deterministic_and_cached(sft_setup, tmp_path):
     tok = AutoTokenizer.from_pretrained(base)
     ex = sft_examples(tok, convs, 256)
     mbase = AutoModelForCausalLM.from_pretrained(base)
-
-    def nll(model):
-        tot, n = 0.0, 0
-        with torch.no_grad():
-            for ids, mask in ex:
-                x = torch.tensor([ids])
-                lp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1)
-                lp = lp.gather(-1, x[0, 1:, None])[:, 0]
-                m = torch.tensor(mask[1:], dtype=torch.bool)
-                tot += -lp[m].sum().item()
-                n += int(m.sum())
-        return tot / n
-
-    assert nll(ma) < nll(mbase) - 1.0
+    assert _mean_nll(ma, ex) < _mean_nll(mbase, ex) - 1.0
     meta = json.loads((Path(a) / "sft_meta.json").read_text())
     assert meta["examples"] == len(convs) and meta["steps"] == 3
+
+
+def test_sft_train_on_all_tokens(sft_setup):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root, base, convs = sft_setup
+    kw = dict(epochs=1, lr=5e-3, seed=0, max_len=256, batch_size=8)
+    a = cold_start_sft(base, convs, root / "a", **kw)
+    b = cold_start_sft(base, convs, root / "all", train_on="all", **kw)
+    assert Path(a).name != Path(b).name  # part of the cache key
+    tok = AutoTokenizer.from_pretrained(base)
+    ex = sft_examples(tok, convs, 256)
+
+    def nll_non_assistant(path):
+        return _mean_nll(AutoModelForCausalLM.from_pretrained(path), ex, assistant=False)
+
+    # only the all-token run learns the system/user/tool text
+    assert nll_non_assistant(b) < nll_non_assistant(a) - 0.5
+    with pytest.raises(ValueError, match="train_on"):
+        cold_start_sft(base, convs, root / "x", train_on="user", **kw)
+
+
+def test_reading_conversations_search_other_worlds(tmp_path):
+    from rllib_spear.envs import load_tasks
+    from rllib_spear.models.sft import DEFAULT_POLICY_RECIPE, reading_conversations
+
+    recipe = dict(DEFAULT_POLICY_RECIPE, reading=dict(DEFAULT_POLICY_RECIPE["reading"], worlds=1))
+    convs = reading_conversations(recipe, tmp_path)
+    assert (tmp_path / "reading-worlds" / f"corpus-{recipe['reading']['world_seed']}.parquet").exists()
+    assert len(convs) > 500
+    assert all("<search>" in c[2]["content"] for c in convs)  # every demo searches
+    # another world: same kind of questions, different facts
+    own = {t["question"]: t["golden_answers"][0] for t in load_tasks("search_qa")}
+    answers = {c[1]["content"].removeprefix("Question: "): c[-1]["content"] for c in convs}
+    shared = [q for q in answers if q in own]
+    assert shared and sum(f"<answer>{own[q]}</answer>" in answers[q] for q in shared) < 0.3 * len(shared)
+    assert reading_conversations(dict(recipe, task="code_math"), tmp_path) == []
+    assert reading_conversations(dict(recipe, reading=None), tmp_path) == []
