@@ -302,7 +302,7 @@ def default_policy_path(
 
     Cached under ``cache_dir`` (default ``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``), keyed
     by the recipe and the data. A build of the default recipe ships with the package
-    (``rllib_spear/assets``: ~15 min of CPU to rebuild); it is copied into the cache unless
+    (``rllib_spear/assets``: ~12 min on 2 idle cores to rebuild); it is copied into the cache unless
     ``build=True`` or ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``, which build from scratch."""
     recipe = dict(DEFAULT_POLICY_RECIPE if recipe is None else recipe)
     if task is not None:
