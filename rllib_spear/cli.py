@@ -105,6 +105,15 @@ def progress_line(result: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
+def block_means(values: list[float], blocks: int = 6) -> list[tuple[int, int, float]]:
+    """(first iteration, last iteration, mean) over ``blocks`` consecutive, near-equal blocks of a
+    per-iteration series (iterations numbered from 1): the trend without one batch's noise."""
+    n = len(values)
+    k = max(1, min(blocks, n))
+    edges = [round(i * n / k) for i in range(k + 1)]
+    return [(a + 1, b, sum(values[a:b]) / (b - a)) for a, b in zip(edges, edges[1:]) if b > a]
+
+
 def _train(args: argparse.Namespace) -> int:
     import ray
     from ray import tune
@@ -116,9 +125,14 @@ def _train(args: argparse.Namespace) -> int:
     name = exp.get("name") or Path(args.config).stem
     storage = os.path.abspath(exp.get("storage_path") or "results")
 
+    successes: list[float] = []
+
     class _Progress(tune.Callback):
         def on_trial_result(self, iteration, trials, trial, result, **info):
             print(progress_line(result), flush=True)
+            value = (result.get("env_runners") or {}).get("success_rate")
+            if isinstance(value, (int, float)):
+                successes.append(float(value))
 
     if not ray.is_initialized():
         ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False,
@@ -139,6 +153,8 @@ def _train(args: argparse.Namespace) -> int:
     if res.error:
         print(f"training failed: {res.error}", file=sys.stderr)
         return 1
+    if successes:
+        print("success by iterations: " + ", ".join(f"{a}-{b}: {m:.3f}" for a, b, m in block_means(successes)))
     print(f"done in {time.time() - t0:.0f}s; trial dir: {res.path}")
     if res.checkpoint:
         print(f"checkpoint: {res.checkpoint.path}")

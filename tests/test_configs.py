@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_spear.cli import build_config, load_experiment
+from rllib_spear.cli import block_means, build_config, load_experiment
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 
@@ -42,3 +42,10 @@ def test_math_recipe_values():
     assert (agent.tasks_per_iteration, agent.group_size, agent.lr, agent.weight_decay, agent.grad_clip) == (32, 8, 1e-6, 0.01, 1.0)
     assert agent.entropy_coeff == 0.001 and agent.sil_weight_steps == 200 and agent.tool_reward_steps == 200
     assert agent.num_gpus_per_env_runner == 1 and agent.num_gpus_per_learner == 1
+
+
+def test_block_means_summarise_the_trend():
+    assert block_means([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], blocks=3) == [(1, 2, 0.1), (3, 4, 0.5), (5, 6, 0.9)]
+    assert block_means([1.0, 2.0, 3.0, 4.0, 5.0], blocks=2) == [(1, 2, 1.5), (3, 5, 4.0)]
+    assert block_means([0.5], blocks=6) == [(1, 1, 0.5)]
+    assert block_means([], blocks=6) == []
