@@ -13,22 +13,10 @@ Prints, for a model folder (default: the embedded default policy):
 from __future__ import annotations
 
 import argparse
-import random
 import time
 
 import numpy as np
 import torch
-
-
-def copy_accuracy(model, tok, n: int = 64, seq_len: int = 128) -> float:
-    from rllib_spear.models.pretrain import copy_sequences
-
-    vocab = [i for i in range(len(tok)) if i not in set(tok.all_special_ids)]
-    ids = copy_sequences(vocab, n, seq_len, random.Random(123))
-    with torch.no_grad():
-        pred = model(input_ids=ids).logits.argmax(-1)
-    half = seq_len // 2
-    return (pred[:, half:-1] == ids[:, half + 1 :]).float().mean().item()
 
 
 def forced_search(model, tok, tasks, env_factory, prefix: str = "<think>I will search for") -> tuple[float, float]:
@@ -70,6 +58,7 @@ def main() -> None:
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
     from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig
     from rllib_spear.envs import load_tasks, make_env
+    from rllib_spear.models.pretrain import copy_accuracy
     from rllib_spear.models.sft import default_policy_path
 
     path = default_policy_path() if args.model == "embedded" else args.model

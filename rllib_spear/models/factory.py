@@ -26,6 +26,29 @@ __all__ = [
 ]
 
 
+def hash_dir(path: Path, h) -> None:
+    """Feed the names and bytes of ``path``'s visible files, in name order, into hash ``h``."""
+    for f in sorted(Path(path).iterdir()):
+        if f.is_file() and not f.name.startswith("."):
+            h.update(f.name.encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+
+
+def warmup_cosine(optimizer, total: int, warm: int):
+    """LambdaLR: linear warmup over ``warm`` steps, then cosine decay to 0 at ``total``:
+    lr_s = lr * (s+1)/warm for s < warm, else lr * (1 + cos(pi (s-warm)/(total-warm))) / 2."""
+    import math
+
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))),
+    )
+
+
 def default_cache_dir() -> Path:
     """``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``."""
     env = os.environ.get("RLLIB_SPEAR_CACHE")

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from .factory import atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir
+from .factory import atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir, hash_dir, warmup_cosine
 from .tokenizer import assistant_token_mask
 
 __all__ = ["cold_start_sft", "default_policy_path", "sft_examples", "DEFAULT_POLICY_RECIPE"]
@@ -31,15 +31,6 @@ __all__ = ["cold_start_sft", "default_policy_path", "sft_examples", "DEFAULT_POL
 logger = logging.getLogger(__name__)
 
 _SFT_VERSION = 1
-
-
-def _hash_dir(path: Path, h) -> None:
-    for f in sorted(path.iterdir()):
-        if f.is_file() and not f.name.startswith("."):
-            h.update(f.name.encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
 
 
 def sft_examples(tokenizer, conversations: Sequence[Sequence[dict]], max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -93,7 +84,7 @@ def cold_start_sft(
     if train_on != "assistant":  # keeps the cache keys of assistant-only runs unchanged
         params["train_on"] = train_on
     h = hashlib.sha256()
-    _hash_dir(model_path, h)
+    hash_dir(model_path, h)
     h.update(json.dumps(params, sort_keys=True).encode())
     h.update(json.dumps([list(c) for c in conversations], sort_keys=True).encode())
     final = Path(out_dir) / f"sft-{h.hexdigest()[:16]}"
@@ -131,10 +122,7 @@ def cold_start_sft(
         total = max(1, steps_per_epoch * epochs)
         warm = max(1, int(total * warmup_frac))
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt,
-            lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))),
-        )
+        sched = warmup_cosine(opt, total, warm)
         step = 0
         for ep in range(epochs):
             for b in batches():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rllib_spear.models.factory import build_tiny_model, conversation_texts, synthetic_conversations
-from rllib_spear.models.pretrain import copy_pretrain, copy_sequences
+from rllib_spear.models.pretrain import copy_accuracy, copy_pretrain, copy_sequences
 
 
 def test_copy_sequences_second_half_is_spans_of_the_first():
@@ -29,28 +29,17 @@ def test_copy_sequences_second_half_is_spans_of_the_first():
     assert torch.equal(rows, again)
 
 
-def _copy_accuracy(path, vocab, n=16, seq_len=64):
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(path).eval()
-    ids = copy_sequences(vocab, n, seq_len, random.Random(123))
-    with torch.no_grad():
-        pred = m(input_ids=ids).logits.argmax(-1)
-    half = seq_len // 2
-    return (pred[:, half:-1] == ids[:, half + 1 :]).float().mean().item()
-
-
 @pytest.mark.slow
 def test_copy_pretrain_teaches_copying_and_caches(tmp_path):
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base = build_tiny_model(tmp_path / "base", conversation_texts(synthetic_conversations(100)), hidden=128,
                             layers=2, heads=2, vocab_size=400)
     tok = AutoTokenizer.from_pretrained(base)
-    vocab = [i for i in range(len(tok)) if i not in set(tok.all_special_ids)]
     kw = dict(steps=1200, seq_len=32, batch_size=16, lr=3e-3, seed=0)
     out = copy_pretrain(base, tmp_path, **kw)
-    before, after = _copy_accuracy(base, vocab, seq_len=32), _copy_accuracy(out, vocab, seq_len=32)
+    before, after = (copy_accuracy(AutoModelForCausalLM.from_pretrained(p).eval(), tok, n=16, seq_len=32)
+                     for p in (base, out))
     # chance is ~1/400. This small a run only starts to copy (~0.08; the default recipe's 1,500
     # steps of 32 x 128 reach the ~0.86 ceiling, see benchmarks/policy_skills.py), but a broken
     # target shift or loss mask leaves it at chance.

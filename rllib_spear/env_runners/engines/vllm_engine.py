@@ -247,8 +247,7 @@ class VLLMEngine(GenerationEngine):
                 outputs[i] = GenerationOutput([], [], "length")
             elif len(prompts[i]) == 0:
                 raise ValueError(f"prompt {i} is empty")
-        budget = self.prefill_budget if self.prefill_budget is not None else sum(len(prompts[i]) for i in todo)
-        for wave in prefill_waves([len(prompts[i]) for i in todo], budget):
+        for wave in self._waves([len(prompts[i]) for i in todo]):
             wave = [todo[j] for j in wave]
             reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in prompts[i]]) for i in wave]
             params = [self._params(sampling, caps[i], seeds[i]) for i in wave]
@@ -261,6 +260,10 @@ class VLLMEngine(GenerationEngine):
                 outputs[i] = GenerationOutput(ids, lps, reason)
         return outputs  # type: ignore[return-value]
 
+    def _waves(self, lengths: list[int]) -> list[list[int]]:
+        """One wave on GPU; on CPU, waves within the scheduler's per-step token budget."""
+        return prefill_waves(lengths, self.prefill_budget if self.prefill_budget is not None else sum(lengths))
+
     def score(self, sequences: Sequence[Sequence[int]], temperature: float = 1.0) -> list[list[float]]:
         """log p(x_t | x_<t) of every token of each sequence (entry 0 is 0.0) via prompt log-probs.
         vLLM's prompt log-probs are raw (temperature 1)."""
@@ -271,9 +274,8 @@ class VLLMEngine(GenerationEngine):
             raise NotImplementedError("VLLMEngine.score supports temperature 1 only (raw prompt logprobs)")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0, detokenize=False)
         reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in sequences]
-        budget = self.prefill_budget if self.prefill_budget is not None else sum(len(s) for s in sequences)
         results = []
-        for wave in prefill_waves([len(s) for s in sequences], budget):
+        for wave in self._waves([len(s) for s in sequences]):
             results += self.llm.generate([reqs[i] for i in wave], sampling_params=params, use_tqdm=False)
         out = []
         for seq, res in zip(sequences, results):
