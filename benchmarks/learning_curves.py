@@ -2,15 +2,17 @@
 the embedded tasks, from the same cold-start checkpoint, through the public API
 (``tune.Tuner`` with the registered names).
 
-    python benchmarks/learning_curves.py                 # full: 3 seeds, ablations (about an hour on 2 cores)
-    python benchmarks/learning_curves.py --quick         # 1 seed, few iterations (< 10 minutes)
+    python benchmarks/learning_curves.py            # full (< 60 min on 2 cores): main 3 seeds,
+                                                    # ablations and SPADER vs GRPO 1 seed each
+    python benchmarks/learning_curves.py --quick    # 1 seed, main variants, 40 iterations (< 10 min)
+    python benchmarks/learning_curves.py --variants SPEAR,SPEAR-noSIL --seeds 3   # a subset
 
 Writes to --out (default benchmarks/out/learning_curves):
   runs.csv      per-iteration metrics of every run (algorithm, variant, seed, iteration, ...)
   curves.png    success / F1 and tool-call rate vs iteration (mean with a min-max band over seeds)
   entropy.png   entropy vs iteration
   table.md      final success (mean +- std over seeds), iterations to reach Dr.BoT's final
-                success, and the papers' numbers for reference
+                success, the papers' numbers for reference, and the issue's must-show checks
 """
 from __future__ import annotations
 
@@ -74,7 +76,8 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
     train = {k: v for k, v in train.items() if k in own or k in ("lr",)}
     train.update(overrides)
     cfg.training(**train)
-    cfg.rl_module(model_config={"model_path": args.model_path})
+    model = args.model_path if env == "search_qa" else args.multi_model_path
+    cfg.rl_module(model_config={"model_path": model})
     cfg.debugging(seed=seed)
     cfg.validate()
     return cfg
@@ -105,8 +108,9 @@ def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int
     return rows
 
 
-def final_value(df, variant: str, metric: str, last: int = 3) -> tuple[float, float, list[float]]:
-    """Mean of the last `last` iterations per seed, then mean and std over seeds."""
+def final_value(df, variant: str, metric: str, last: int = 10) -> tuple[float, float, list[float]]:
+    """Mean of the last `last` iterations per seed (one iteration is only 64 episodes, so a single
+    one is +-0.05 noise), then mean and std over seeds."""
     per_seed = []
     for _, g in df[df.variant == variant].groupby("seed"):
         per_seed.append(float(g.sort_values("iteration")[metric].tail(last).mean()))
@@ -125,7 +129,7 @@ def iterations_to_reach(df, variant: str, metric: str, target: float, window: in
     return float(np.nanmean(its)) if not all(np.isnan(its)) else float("nan")
 
 
-def write_outputs(df, out: Path, seeds: list[int], wall_s: float, args) -> str:
+def write_outputs(df, out: Path, wall_s: float, args) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -157,42 +161,99 @@ def write_outputs(df, out: Path, seeds: list[int], wall_s: float, args) -> str:
     fig.tight_layout()
     fig.savefig(out / "entropy.png", dpi=110)
 
-    lines = [f"Seeds {seeds}, {args.iterations} iterations of {args.tasks} tasks x {args.group_size} "
-             f"samples, lr {args.lr}, wall time {wall_s / 60:.1f} min.", "",
-             "| variant | task | final success / F1 (mean +- std) | iterations to reach Dr.BoT's final | paper (reference) |",
-             "|---|---|---|---|---|"]
+    lines = [f"{args.iterations} iterations of {args.tasks} tasks x {args.group_size} samples, lr {args.lr}; "
+             f"final = mean of the last {args.final_window} iterations per seed, then mean +- std over "
+             f"seeds; wall time {wall_s / 60:.1f} min on {args.cpus} CPUs.", "",
+             "| variant | task | seeds | final success / F1 | iterations to reach Dr.BoT's final | paper (reference) |",
+             "|---|---|---|---|---|---|"]
     search = df[df.env == "search_qa"]
-    target = final_value(search, "DrBoT", "success")[0] if "DrBoT" in set(search.variant) else float("nan")
+    target = (final_value(search, "DrBoT", "success", args.final_window)[0]
+              if "DrBoT" in set(search.variant) else float("nan"))
     for v in dict.fromkeys(df.variant):
-        env = df[df.variant == v].env.iloc[0]
+        sub = df[df.variant == v]
+        env = sub.env.iloc[0]
         metric = "f1" if env == "multi_answer_search" else "success"
-        mean, std, _ = final_value(df, v, metric)
+        mean, std, _ = final_value(df, v, metric, args.final_window)
         reach = iterations_to_reach(df, v, metric, target) if env == "search_qa" else float("nan")
-        algo = df[df.variant == v].algorithm.iloc[0]
-        lines.append(f"| {v} | {env} | {mean:.3f} +- {std:.3f} | "
+        algo = sub.algorithm.iloc[0]
+        seeds_v = ",".join(str(x) for x in sorted(set(sub.seed)))
+        lines.append(f"| {v} | {env} | {seeds_v} | {mean:.3f} +- {std:.3f} | "
                      f"{'-' if np.isnan(reach) else f'{reach:.1f}'} | {PAPER_NOTES.get(algo, '')} |")
+    checks = must_show_checks(df, target, args.final_window)
+    if checks:
+        lines += ["", "Must-show checks (issue: SPEAR >= Dr.BoT + 5 points, reaches Dr.BoT's final in "
+                  "<= 0.6x its iterations, Dr.BoT >= GRPO; >= 3 seeds):", ""] + [f"- {c}" for c in checks]
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     return table
 
 
+def must_show_checks(df, target: float, window: int) -> list[str]:
+    """The issue's claims, each with the measured numbers and PASS/FAIL."""
+    search = df[df.env == "search_qa"]
+    have = set(search.variant)
+    out = []
+    if {"SPEAR", "DrBoT"} <= have:
+        sp = final_value(search, "SPEAR", "success", window)[0]
+        db = final_value(search, "DrBoT", "success", window)[0]
+        gap = 100 * (sp - db)
+        out.append(f"SPEAR final {sp:.3f} vs Dr.BoT {db:.3f}: {gap:+.1f} points "
+                   f"({'PASS' if gap >= 5 else 'FAIL'})")
+        it_sp = iterations_to_reach(search, "SPEAR", "success", target)
+        it_db = iterations_to_reach(search, "DrBoT", "success", target)
+        ratio = it_sp / it_db if it_db and not np.isnan(it_db) else float("nan")
+        out.append(f"iterations to reach Dr.BoT's final {target:.3f}: SPEAR {it_sp:.1f}, Dr.BoT {it_db:.1f}, "
+                   f"ratio {ratio:.2f} ({'PASS' if ratio <= 0.6 else 'FAIL'})")
+    if {"DrBoT", "GRPO"} <= have:
+        db = final_value(search, "DrBoT", "success", window)[0]
+        gr = final_value(search, "GRPO", "success", window)[0]
+        out.append(f"Dr.BoT final {db:.3f} vs GRPO {gr:.3f} ({'PASS' if db >= gr else 'FAIL'})")
+    if out:
+        n = search[search.variant.isin(["SPEAR", "DrBoT", "GRPO"])].groupby("variant").seed.nunique()
+        out.append(f"seeds per method: {dict(n)} ({'PASS' if len(n) and n.min() >= 3 else 'FAIL: fewer than 3'})")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 seed, 6 iterations, main variants only")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="1 seed, 40 iterations, main variants only (< 10 min)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds of GRPO / Dr.BoT / SPEAR")
+    ap.add_argument("--ablation-seeds", type=int, default=1, help="seeds of each SPEAR ablation")
+    ap.add_argument("--multi-seeds", type=int, default=1, help="seeds of SPADER and GRPO on multi-answer search")
+    ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--sil-capacity", type=int, default=8)
+    ap.add_argument("--final-window", type=int, default=10, help="iterations averaged for 'final'")
+    ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-multi", action="store_true", help="skip SPADER vs GRPO on multi-answer search")
-    ap.add_argument("--model-path", default="embedded")
+    ap.add_argument("--variants", default="", help="comma-separated subset of " + ",".join([*MAIN, *ABLATIONS, *MULTI]))
+    ap.add_argument("--model-path", default="embedded", help="cold start of the search_qa runs")
+    ap.add_argument("--multi-model-path", default="embedded:multi_answer_search",
+                    help="cold start of the multi-answer runs (default: the embedded policy fine-tuned on "
+                         "multi-answer demonstrations; the search_qa policy never lists entities)")
     ap.add_argument("--out", default="benchmarks/out/learning_curves")
     args = ap.parse_args()
     if args.quick:
-        args.seeds, args.iterations, args.no_ablations, args.no_multi = 1, 6, True, True
+        args.seeds, args.iterations, args.no_ablations, args.no_multi = 1, 40, True, True
+    plan = [(n, a, o, "search_qa", args.seeds) for n, (a, o) in MAIN.items()]
+    if not args.no_ablations:
+        plan += [(n, a, o, "search_qa", args.ablation_seeds) for n, (a, o) in ABLATIONS.items()]
+    if not args.no_multi:
+        plan += [(n, a, o, "multi_answer_search", args.multi_seeds) for n, (a, o) in MULTI.items()]
+    if args.variants:
+        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+        known = {**MAIN, **ABLATIONS, **MULTI}
+        unknown = [v for v in wanted if v not in known]
+        if unknown:
+            ap.error(f"--variants: unknown {unknown}; choose from {sorted(known)}")
+        envs = {n: "multi_answer_search" if n in MULTI else "search_qa" for n in known}
+        seeds_of = {n: args.multi_seeds if n in MULTI else args.ablation_seeds if n in ABLATIONS else args.seeds
+                    for n in known}
+        plan = [(n, *known[n], envs[n], seeds_of[n]) for n in wanted]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import pandas as pd
     import ray
@@ -201,23 +262,19 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.model_path == "embedded":
-        from rllib_spear.models.sft import default_policy_path
+    from rllib_spear.models.rl_module import resolve_model_path
 
-        args.model_path = default_policy_path()  # the same cold-start checkpoint for every run
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
-    seeds = list(range(args.seeds))
+    # the same cold-start checkpoint for every run of a task (built once here, not per trial)
+    args.model_path = resolve_model_path(args.model_path)
+    if any(env != "search_qa" for *_, env, _ in plan):
+        args.multi_model_path = resolve_model_path(args.multi_model_path)
+    ray.init(num_cpus=args.cpus, include_dashboard=False, ignore_reinit_error=True)
     t0 = time.time()
     rows: list[dict] = []
-    plan = dict(MAIN)
-    if not args.no_ablations:
-        plan.update(ABLATIONS)
-    for name, (algo, over) in plan.items():
-        rows += run_variant(name, algo, over, "search_qa", seeds, args)
-    if not args.no_multi:
-        for name, (algo, over) in MULTI.items():
-            rows += run_variant(name, algo, over, "multi_answer_search", seeds, args)
-    table = write_outputs(pd.DataFrame(rows), out, seeds, time.time() - t0, args)
+    for name, algo, over, env, n_seeds in plan:
+        rows += run_variant(name, algo, over, env, list(range(n_seeds)), args)
+        pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
+    table = write_outputs(pd.DataFrame(rows), out, time.time() - t0, args)
     print(table)
     print(f"wrote {out}/runs.csv, curves.png, entropy.png, table.md in {(time.time() - t0) / 60:.1f} min")
 

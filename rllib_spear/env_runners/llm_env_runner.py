@@ -21,18 +21,10 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ..core.trajectory import Trajectory
 from .engines.base import SamplingConfig
+from ..models.rl_module import resolve_model_path
 from .rollout import MultiTurnRollout, RolloutConfig
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state"]
-
-
-def resolve_model_path(path: str, env_name: str = "search_qa") -> str:
-    """'embedded' -> the project's tiny cold-start policy (built and cached on first use)."""
-    if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
-        from ..models.sft import default_policy_path
-
-        return default_policy_path()
-    return path
 
 
 def hf_state_dict_from_module_state(state: Any) -> dict:

@@ -19,6 +19,7 @@ _EXPORTS = {
     "default_cache_dir": "factory",
     "cold_start_sft": "sft",
     "default_policy_path": "sft",
+    "task_policy_path": "sft",
     "DEFAULT_POLICY_RECIPE": "sft",
     "token_logprobs": "logprobs",
     "naive_token_logprobs": "logprobs",

@@ -1,8 +1,9 @@
 """An RLlib (new API stack) ``TorchRLModule`` that holds a Hugging Face causal LM.
 
 ``model_config`` keys:
-    model_path (str, required): a ``save_pretrained`` folder, or "embedded" / "embedded:<task>"
-        for the project's default policy (``default_policy_path``).
+    model_path (str, required): a ``save_pretrained`` folder, "embedded" for the project's
+        default policy (``default_policy_path``), or "embedded:<task>" for that policy fine-tuned
+        on another embedded task's demonstrations (``task_policy_path``).
     dtype (str): "float32" (default), "bfloat16", "float16".
     lora (dict | None): ``peft.LoraConfig`` kwargs (e.g. ``{"r": 8, "lora_alpha": 16,
         "target_modules": ["q_proj", "v_proj"]}``); only the adapters train.
@@ -51,13 +52,16 @@ def _dtype(x) -> torch.dtype:
     return _DTYPES[str(x).replace("torch.", "")]
 
 
-def resolve_model_path(path: str, default_task: str = "search_qa") -> str:
-    """"embedded" / "embedded:<task>" -> the cached default policy; anything else unchanged."""
-    if path == "embedded" or path.startswith("embedded:"):
-        from .sft import default_policy_path
+def resolve_model_path(path: str, env_name: str | None = None) -> str:
+    """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
+    "embedded:<task>" -> that policy fine-tuned on the task's demonstrations (``task_policy_path``,
+    e.g. "embedded:multi_answer_search"); anything else unchanged. ``env_name`` is accepted for
+    call sites that know the env; it does not change the result."""
+    if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
+        from .sft import default_policy_path, task_policy_path
 
-        task = path.split(":", 1)[1] if ":" in path else default_task
-        return default_policy_path(task=None if task in ("", "default") else task)
+        task = path.split(":", 1)[1] if ":" in path else "default"
+        return default_policy_path() if task in ("", "default", "search_qa") else task_policy_path(task)
     return path
 
 
