@@ -17,6 +17,7 @@ Writes to --out (default benchmarks/out/learning_curves):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -71,7 +72,9 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
              "tool_reward_steps": max(args.iterations // 2, 1),
              "sil_weight_steps": max(args.iterations // 2, 1),
              "sil_capacity": args.sil_capacity,
-             "cost_free_steps": max(args.iterations // 3, 0), "cost_rampup_steps": max(args.iterations // 3, 0)}
+             "cost_free_steps": max(args.iterations // 3, 0), "cost_rampup_steps": max(args.iterations // 3, 0),
+             # sampling and learning alternate: each may use every core of the machine
+             "torch_num_threads": args.cpus}
     own = cfg._own_training_keys()
     train = {k: v for k, v in train.items() if k in own or k in ("lr",)}
     train.update(overrides)
@@ -124,7 +127,7 @@ def iterations_to_reach(df, variant: str, metric: str, target: float, window: in
     for _, g in df[df.variant == variant].groupby("seed"):
         s = g.sort_values("iteration")
         sm = s[metric].rolling(window, min_periods=1).mean().to_numpy()
-        hit = np.nonzero(sm >= target)[0]
+        hit = np.nonzero(sm >= target - 1e-9)[0]  # a baseline reaches its own final despite rounding
         its.append(float(s["iteration"].to_numpy()[hit[0]]) if len(hit) else np.nan)
     return float(np.nanmean(its)) if not all(np.isnan(its)) else float("nan")
 
@@ -210,7 +213,8 @@ def must_show_checks(df, target: float, window: int) -> list[str]:
         out.append(f"Dr.BoT final {db:.3f} vs GRPO {gr:.3f} ({'PASS' if db >= gr else 'FAIL'})")
     if out:
         n = search[search.variant.isin(["SPEAR", "DrBoT", "GRPO"])].groupby("variant").seed.nunique()
-        out.append(f"seeds per method: {dict(n)} ({'PASS' if len(n) and n.min() >= 3 else 'FAIL: fewer than 3'})")
+        counts = ", ".join(f"{k} {int(v)}" for k, v in n.items())
+        out.append(f"seeds per method: {counts} ({'PASS' if len(n) and n.min() >= 3 else 'FAIL: fewer than 3'})")
     return out
 
 
@@ -236,7 +240,11 @@ def main() -> None:
                     help="cold start of the multi-answer runs (default: the embedded policy fine-tuned on "
                          "multi-answer demonstrations; the search_qa policy never lists entities)")
     ap.add_argument("--out", default="benchmarks/out/learning_curves")
+    ap.add_argument("--replot", action="store_true",
+                    help="no training: rewrite the plots and table.md from --out/runs.csv (and meta.json)")
     args = ap.parse_args()
+    if args.replot:
+        return replot(args)
     if args.quick:
         args.seeds, args.iterations, args.no_ablations, args.no_multi = 1, 40, True, True
     plan = [(n, a, o, "search_qa", args.seeds) for n, (a, o) in MAIN.items()]
@@ -274,9 +282,27 @@ def main() -> None:
     for name, algo, over, env, n_seeds in plan:
         rows += run_variant(name, algo, over, env, list(range(n_seeds)), args)
         pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
-    table = write_outputs(pd.DataFrame(rows), out, time.time() - t0, args)
+    wall_s = time.time() - t0
+    (out / "meta.json").write_text(json.dumps({"wall_s": wall_s, "args": vars(args)}, indent=1))
+    table = write_outputs(pd.DataFrame(rows), out, wall_s, args)
     print(table)
     print(f"wrote {out}/runs.csv, curves.png, entropy.png, table.md in {(time.time() - t0) / 60:.1f} min")
+
+
+def replot(args) -> None:
+    """Rewrite the outputs of a finished run from its runs.csv; the run's own settings (meta.json)
+    replace the command line's for the table's header."""
+    import pandas as pd
+
+    out = Path(args.out)
+    meta_path = out / "meta.json"
+    wall_s = float("nan")
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        wall_s = float(meta["wall_s"])
+        for k in ("iterations", "tasks", "group_size", "lr", "cpus"):
+            setattr(args, k, meta["args"][k])
+    print(write_outputs(pd.read_csv(out / "runs.csv"), out, wall_s, args))
 
 
 if __name__ == "__main__":

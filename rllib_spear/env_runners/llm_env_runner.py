@@ -8,7 +8,6 @@ trajectory records.
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import ray
@@ -20,6 +19,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ..core.trajectory import Trajectory
+from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
 from ..models.rl_module import resolve_model_path
 from .rollout import MultiTurnRollout, RolloutConfig
@@ -61,11 +61,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         from .engines import make_engine
 
         cfg = self.config
-        torch_threads = os.environ.get("RLLIB_SPEAR_TORCH_THREADS")
-        if torch_threads:
-            import torch
-
-            torch.set_num_threads(int(torch_threads))
+        apply_torch_threads(getattr(cfg, "torch_num_threads", None))
         model_path = resolve_model_path(cfg.model_config["model_path"], cfg.env)
         self.model_path = model_path
         seed = int(cfg.seed or 0) * 1000 + self.worker_index

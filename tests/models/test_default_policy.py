@@ -80,3 +80,56 @@ def test_build_pipeline_runs_every_stage(tmp_path):
 
     m = AutoModelForCausalLM.from_pretrained(path)
     assert m.config.hidden_size == 64 and torch.isfinite(next(m.parameters())).all()
+
+
+def test_embedded_model_paths_resolve(monkeypatch):
+    from rllib_spear.models import rl_module, sft
+
+    calls = []
+    monkeypatch.setattr(sft, "default_policy_path", lambda *a, **k: calls.append("default") or "/d")
+    monkeypatch.setattr(sft, "task_policy_path", lambda task, *a, **k: calls.append(task) or f"/t/{task}")
+    assert rl_module.resolve_model_path("embedded") == "/d"
+    assert rl_module.resolve_model_path("embedded:default") == "/d"
+    assert rl_module.resolve_model_path("embedded:search_qa") == "/d"
+    assert rl_module.resolve_model_path("embedded:multi_answer_search") == "/t/multi_answer_search"
+    assert rl_module.resolve_model_path("/models/qwen") == "/models/qwen"
+    assert calls == ["default", "default", "default", "multi_answer_search"]
+    # the env runner uses the very same function (one resolution for learners and runners)
+    from rllib_spear.env_runners import llm_env_runner
+
+    assert llm_env_runner.resolve_model_path is rl_module.resolve_model_path
+
+
+def _answer_lists(eng, env, tasks):
+    import re
+
+    tok = eng.tokenizer
+    prompts = [tok(tok.apply_chat_template(env.reset(t), add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"] for t in tasks]
+    outs = eng.generate(prompts, SamplingConfig(max_new_tokens=64, temperature=1e-4, seed=0))
+    lists = 0
+    for o in outs:
+        m = re.search(r"<answer>(.*?)</answer>", tok.decode(o.token_ids), re.S)
+        try:
+            ok = m is not None and isinstance(json.loads(m.group(1)), list)
+        except ValueError:
+            ok = False
+        lists += ok
+    return lists
+
+
+@pytest.mark.slow
+def test_task_policy_learns_the_multi_answer_format(tmp_path_factory):
+    envs = pytest.importorskip("rllib_spear.envs")
+    from rllib_spear.env_runners.engines.hf_engine import HFEngine
+    from rllib_spear.models.sft import default_policy_path, task_policy_path
+
+    cache = tmp_path_factory.mktemp("task_policy")
+    path = task_policy_path("multi_answer_search", cache)
+    assert path != default_policy_path(cache)
+    assert task_policy_path("multi_answer_search", cache) == path  # cached
+    env = envs.make_env("multi_answer_search")
+    tasks = envs.load_tasks("multi_answer_search", split="test")[:16]
+    # the search_qa default policy answers one entity, not a JSON list; the fine-tuned one lists
+    assert _answer_lists(HFEngine(path), env, tasks) >= 12
+    assert _answer_lists(HFEngine(default_policy_path(cache)), env, tasks) < 12

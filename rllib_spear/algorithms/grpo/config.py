@@ -64,6 +64,10 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "micro_batch_token_budget": 8192,
     "lr_warmup_steps": 0,
     "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
+    # torch CPU threads in the learner and env-runner processes. None keeps Ray's setting
+    # (OMP_NUM_THREADS = the actor's num_cpus, usually 1). Sampling and learning alternate, so on
+    # a CPU-only machine each phase can use every core: set it to the core count there.
+    "torch_num_threads": None,
 }
 
 SAMPLING_DEFAULTS: dict[str, Any] = {
@@ -224,6 +228,8 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("group_size")
         pos_int("tasks_per_iteration")
         pos_int("micro_batch_token_budget")
+        if self.torch_num_threads is not None:
+            pos_int("torch_num_threads")
         pos_int("max_turns")
         pos_int("max_new_tokens")
         pos_int("max_model_len", 16)

@@ -33,6 +33,7 @@ from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from ...core.losses import LossNormalizer, policy_loss
+from ...models.threads import apply_torch_threads
 
 __all__ = ["GRPOTorchLearner", "BATCH_COLUMNS"]
 
@@ -50,6 +51,7 @@ class GRPOTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def build(self) -> None:
+        apply_torch_threads(getattr(self.config, "torch_num_threads", None))
         super().build()
         seed = int(getattr(self.config, "seed", 0) or 0)
         # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.

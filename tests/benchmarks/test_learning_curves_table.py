@@ -1,0 +1,51 @@
+"""The learning benchmark's summary numbers (final value, iterations to reach a target, the
+issue's must-show checks) on hand-made curves."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import learning_curves as lc  # noqa: E402
+
+
+def _runs(curves: dict[str, list[list[float]]]) -> pd.DataFrame:
+    rows = []
+    for variant, per_seed in curves.items():
+        for seed, values in enumerate(per_seed):
+            for it, v in enumerate(values, start=1):
+                rows.append({"variant": variant, "algorithm": variant, "env": "search_qa", "seed": seed,
+                             "iteration": it, "success": v})
+    return pd.DataFrame(rows)
+
+
+def test_final_value_is_the_mean_of_the_last_iterations_then_over_seeds():
+    df = _runs({"A": [[0.0, 0.1, 0.2, 0.3], [0.0, 0.0, 0.4, 0.6]]})
+    mean, std, per_seed = lc.final_value(df, "A", "success", last=2)
+    assert per_seed == [0.25, 0.5]
+    assert np.isclose(mean, 0.375) and np.isclose(std, 0.125)
+
+
+def test_iterations_to_reach_uses_a_trailing_mean():
+    # trailing 2-mean of seed 0: 0, .05, .15, .25 -> reaches .15 at iteration 3; seed 1 at 3 (0, 0, .2)
+    df = _runs({"A": [[0.0, 0.1, 0.2, 0.3], [0.0, 0.0, 0.4, 0.6]]})
+    assert lc.iterations_to_reach(df, "A", "success", 0.15, window=2) == 3.0
+    assert np.isnan(lc.iterations_to_reach(df, "A", "success", 0.9, window=2))
+
+
+def test_must_show_checks_report_pass_and_fail():
+    flat = [0.05] * 20
+    rising = [0.05] * 5 + [0.3] * 15
+    df = _runs({"GRPO": [flat] * 3, "DrBoT": [[0.06] * 20] * 3, "SPEAR": [rising] * 3})
+    target = lc.final_value(df, "DrBoT", "success", 10)[0]
+    checks = lc.must_show_checks(df, target, 10)
+    assert checks[0].startswith("SPEAR final 0.300 vs Dr.BoT 0.060: +24.0 points (PASS)")
+    # SPEAR reaches 0.06 (trailing 3-mean) at iteration 6, Dr.BoT at 1: ratio 6 -> FAIL
+    assert "SPEAR 6.0, Dr.BoT 1.0, ratio 6.00 (FAIL)" in checks[1]
+    assert checks[2] == "Dr.BoT final 0.060 vs GRPO 0.050 (PASS)"
+    assert checks[3].endswith("(PASS)")
+    one_seed = lc.must_show_checks(df[df.seed == 0], target, 10)
+    assert one_seed[3] == "seeds per method: DrBoT 1, GRPO 1, SPEAR 1 (FAIL: fewer than 3)"
