@@ -32,8 +32,12 @@ def test_final_value_is_the_mean_of_the_last_iterations_then_over_seeds():
 def test_iterations_to_reach_uses_a_trailing_mean():
     # trailing 2-mean of seed 0: 0, .05, .15, .25 -> reaches .15 at iteration 3; seed 1 at 3 (0, 0, .2)
     df = _runs({"A": [[0.0, 0.1, 0.2, 0.3], [0.0, 0.0, 0.4, 0.6]]})
-    assert lc.iterations_to_reach(df, "A", "success", 0.15, window=2) == 3.0
-    assert np.isnan(lc.iterations_to_reach(df, "A", "success", 0.9, window=2))
+    assert lc.iterations_to_reach(df, "A", "success", 0.15, window=2) == (3.0, 2, 2)
+    mean, reached, seeds = lc.iterations_to_reach(df, "A", "success", 0.9, window=2)
+    assert np.isnan(mean) and (reached, seeds) == (0, 2)
+    # seed 0 never reaches .4 (trailing 2-mean .25 at most): it counts as iteration 4, a lower bound
+    assert lc.iterations_to_reach(df, "A", "success", 0.4, window=2) == (4.0, 1, 2)
+    assert lc._reach_text(4.0, 1, 2) == ">= 4.0 (1/2)"
 
 
 def test_must_show_checks_report_pass_and_fail():
@@ -44,8 +48,22 @@ def test_must_show_checks_report_pass_and_fail():
     checks = lc.must_show_checks(df, target, 10)
     assert checks[0].startswith("SPEAR final 0.300 vs Dr.BoT 0.060: +24.0 points (PASS)")
     # SPEAR reaches 0.06 (trailing 3-mean) at iteration 6, Dr.BoT at 1: ratio 6 -> FAIL
-    assert "SPEAR 6.0, Dr.BoT 1.0, ratio 6.00 (FAIL)" in checks[1]
+    assert "SPEAR 6.0 (3/3), Dr.BoT 1.0 (3/3), ratio 6.00 (FAIL)" in checks[1]
     assert checks[2] == "Dr.BoT final 0.060 vs GRPO 0.050 (PASS)"
     assert checks[3].endswith("(PASS)")
     one_seed = lc.must_show_checks(df[df.seed == 0], target, 10)
     assert one_seed[3] == "seeds per method: DrBoT 1, GRPO 1, SPEAR 1 (FAIL: fewer than 3)"
+
+
+def test_reach_ratio_counts_a_baseline_seed_that_never_reaches_as_the_run_length():
+    late = [0.0] * 10 + [0.3] * 10  # trailing 3-mean reaches .2 at iteration 12
+    never = [0.0] * 20
+    fast = [0.0] * 2 + [0.3] * 18  # at iteration 4
+    df = _runs({"DrBoT": [late, late, never], "SPEAR": [fast, fast, fast]})
+    checks = lc.must_show_checks(df, 0.2, 10)
+    # Dr.BoT: (12 + 12 + 20) / 3 = 14.67 (a lower bound), SPEAR 4: ratio 0.27
+    assert "SPEAR 4.0 (3/3), Dr.BoT >= 14.7 (2/3), ratio 0.27 (PASS)" in checks[1]
+    # a SPEAR seed that never reaches makes its mean a lower bound: (4 + 4 + 20) / 3 vs 18
+    later = [0.0] * 16 + [0.3] * 4
+    df = _runs({"DrBoT": [later] * 3, "SPEAR": [fast, fast, never]})
+    assert "SPEAR >= 9.3 (2/3), Dr.BoT 18.0 (3/3), ratio 0.52 (UNDETERMINED)" in lc.must_show_checks(df, 0.2, 10)[1]
