@@ -338,9 +338,9 @@ def default_policy_path(
 
 #: A task cold start derived from the default policy (``task_policy_path``): the same tokenizer
 #: and reading skill, then the task's own demonstrations, using the tool in ~20% of them, like the
-#: search task's cold start. On multi-answer search this learns the answer-list format but not
-#: the search: sampled at T=1 it almost never emits a well-formed tool call (also at 80% tool
-#: demonstrations: 3% of episodes, garbled queries), so its F1 stays ~0 (README, benchmark).
+#: search task's cold start. On multi-answer search this learns the answer-list format only
+#: partly (greedy: 5/16 lists) and not the search: sampled at T=1 it emits no well-formed tool
+#: call (on older data, also at 80% tool demonstrations: 3%, garbled), so its F1 stays ~0.
 TASK_POLICY_RECIPE = dict(tool_use_rate=0.2, demo_seed=0, demo_passes=3,
                           # max_len: a multi-answer search demonstration is ~900 tokens (up to 10
                           # passages per turn); at 512 most lost the turn that lists the answers
