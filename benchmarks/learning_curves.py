@@ -294,21 +294,19 @@ def main() -> None:
         return replot(args)
     if args.quick:
         args.seeds, args.iterations, args.no_ablations, args.no_multi = 1, 40, True, True
-    plan = [(n, a, o, "search_qa", args.seeds) for n, (a, o) in MAIN.items()]
-    if not args.no_ablations:
-        plan += [(n, a, o, "search_qa", args.ablation_seeds) for n, (a, o) in ABLATIONS.items()]
-    if not args.no_multi:
-        plan += [(n, a, o, "multi_answer_search", args.multi_seeds) for n, (a, o) in MULTI.items()]
+    # name -> (algorithm, overrides, env, seeds) of every variant, in the default order
+    groups = [(MAIN, "search_qa", args.seeds, True),
+              (ABLATIONS, "search_qa", args.ablation_seeds, not args.no_ablations),
+              (MULTI, "multi_answer_search", args.multi_seeds, not args.no_multi)]
+    catalog = {n: (a, o, env, seeds) for variants, env, seeds, _ in groups for n, (a, o) in variants.items()}
     if args.variants:
         wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-        known = {**MAIN, **ABLATIONS, **MULTI}
-        unknown = [v for v in wanted if v not in known]
+        unknown = [v for v in wanted if v not in catalog]
         if unknown:
-            ap.error(f"--variants: unknown {unknown}; choose from {sorted(known)}")
-        envs = {n: "multi_answer_search" if n in MULTI else "search_qa" for n in known}
-        seeds_of = {n: args.multi_seeds if n in MULTI else args.ablation_seeds if n in ABLATIONS else args.seeds
-                    for n in known}
-        plan = [(n, *known[n], envs[n], seeds_of[n]) for n in wanted]
+            ap.error(f"--variants: unknown {unknown}; choose from {sorted(catalog)}")
+    else:
+        wanted = [n for variants, _, _, on in groups if on for n in variants]
+    plan = [(n, *catalog[n]) for n in wanted]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import pandas as pd
     import ray

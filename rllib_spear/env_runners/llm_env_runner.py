@@ -19,9 +19,9 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ..core.trajectory import Trajectory
+from ..models.rl_module import resolve_model_path
 from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
-from ..models.rl_module import resolve_model_path
 from .rollout import MultiTurnRollout, RolloutConfig
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state"]
@@ -62,7 +62,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
         cfg = self.config
         apply_torch_threads(getattr(cfg, "torch_num_threads", None))
-        model_path = resolve_model_path(cfg.model_config["model_path"], cfg.env)
+        model_path = resolve_model_path(cfg.model_config["model_path"])
         self.model_path = model_path
         seed = int(cfg.seed or 0) * 1000 + self.worker_index
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

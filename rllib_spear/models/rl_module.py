@@ -52,12 +52,11 @@ def _dtype(x) -> torch.dtype:
     return _DTYPES[str(x).replace("torch.", "")]
 
 
-def resolve_model_path(path: str, env_name: str | None = None) -> str:
+def resolve_model_path(path: str) -> str:
     """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
     "embedded:<task>" -> that policy fine-tuned on the task's demonstrations (``task_policy_path``,
-    e.g. "embedded:multi_answer_search"); anything else unchanged. ``env_name`` is accepted for
-    call sites that know the env; it does not change the result."""
-    if path in ("embedded", "embedded:default") or path.startswith("embedded:"):
+    e.g. "embedded:multi_answer_search"); anything else unchanged."""
+    if path == "embedded" or path.startswith("embedded:"):
         from .sft import default_policy_path, task_policy_path
 
         task = path.split(":", 1)[1] if ":" in path else "default"

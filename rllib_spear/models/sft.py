@@ -357,16 +357,9 @@ def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, r
     itself. Cached like ``cold_start_sft`` (a few minutes on 2 cores the first time)."""
     if task == "search_qa":
         return default_policy_path(cache_dir)
-    import rllib_spear.envs as envs
-
-    recipe = dict(TASK_POLICY_RECIPE if recipe is None else recipe)
+    recipe = {**(TASK_POLICY_RECIPE if recipe is None else recipe), "task": task}
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    tasks = envs.load_tasks(task)
-    convs = []
-    for k in range(int(recipe["demo_passes"])):
-        convs += envs.scripted_demonstrations(task, tasks, tool_use_rate=recipe["tool_use_rate"],
-                                              seed=recipe["demo_seed"] + k)
-    return cold_start_sft(default_policy_path(cache_dir), [list(c) for c in convs], root, **recipe["sft"])
+    return cold_start_sft(default_policy_path(cache_dir), _task_conversations(recipe), root, **recipe["sft"])
 
 
 def _point(pointer: Path, path: str) -> str:

@@ -7,21 +7,14 @@ machine each phase may use every core without oversubscribing them.
 """
 from __future__ import annotations
 
-import os
-
 __all__ = ["apply_torch_threads"]
 
 
 def apply_torch_threads(num_threads: int | None) -> int:
-    """Set torch's intra-op threads to ``num_threads`` (config ``torch_num_threads``), else to
-    ``$RLLIB_SPEAR_TORCH_THREADS`` if set; return the resulting count. ``None`` and no variable
-    leave torch as Ray started it."""
+    """Set torch's intra-op threads to ``num_threads`` (config ``torch_num_threads``, checked by
+    ``validate()``); ``None`` leaves torch as Ray started it. Returns the resulting count."""
     import torch
 
-    if num_threads is None and os.environ.get("RLLIB_SPEAR_TORCH_THREADS"):
-        num_threads = int(os.environ["RLLIB_SPEAR_TORCH_THREADS"])
     if num_threads is not None:
-        if int(num_threads) < 1:
-            raise ValueError(f"torch_num_threads must be >= 1, got {num_threads!r}")
         torch.set_num_threads(int(num_threads))
     return torch.get_num_threads()

@@ -54,13 +54,13 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: GRPOConfig) -> None:
-        from ...env_runners.llm_env_runner import resolve_model_path
+        from ...models.rl_module import resolve_model_path
         from ...envs import load_tasks
 
         # Resolve "embedded" once on the driver (builds and caches the tiny SFT policy), so that
         # learners and runners load the same folder instead of racing to build it.
         path = config.model_config["model_path"]
-        resolved = resolve_model_path(path, config.env)
+        resolved = resolve_model_path(path)
         if resolved != path:
             for c in {id(config): config, id(self.config): self.config}.values():
                 frozen = c._is_frozen

@@ -257,7 +257,7 @@ def _token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> lis
 
 def _entropy_sample_part(attention_mask: torch.Tensor, parts: list, generator: torch.Generator) -> int:
     """Index of the micro-batch that logs the entropy metric, drawn with P(part) = tokens / total."""
-    if len(parts) <= 1 or parts[0] is None:
+    if len(parts) <= 1:  # also the [None] placeholder of a learner without rows
         return 0
     tokens = torch.tensor([float(attention_mask[p].sum()) for p in parts])
     return int(torch.multinomial(tokens, 1, generator=generator))
