@@ -30,6 +30,7 @@ PAPER_NOTES = {
     "DrBoT": "ALFWorld 90.6 / WebShop 68.8 (Dr.BoT(GiGPO), 1.5B)",
     "SPEAR": "ALFWorld 88.9 / WebShop 77.5 (GRPO+SPEAR); 93.2 / 81.1 (Dr.BoT(GiGPO)+SPEAR)",
     "SPADER": "QAMPARI recall/F1 above outcome-reward GRPO (SPADER paper)",
+    "GRPO-multi": "the SPADER paper's outcome-reward baseline",
 }
 
 # variant name -> (registered algorithm, training() overrides)
@@ -55,20 +56,29 @@ METRICS = {
     "f1": "env_runners/f1_mean",
     "reward": "env_runners/reward_total_mean",
     "tool_call_rate": "env_runners/tool_call_rate",
+    "tool_calls": "env_runners/tool_calls_per_episode",
+    "recall": "env_runners/recall_mean",
+    "precision": "env_runners/precision_mean",
     "entropy": "learners/default_policy/entropy",
     "response_length": "env_runners/response_length_mean",
 }
 
 
 def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args) -> Any:
+    from rllib_spear.models.sft import task_policy_env_config
     from rllib_spear.registration import algorithm_classes
 
     cfg = algorithm_classes()[algo].get_default_config()
-    cfg.environment(env, env_config={"max_turns": args.max_turns})
-    # multi-answer searches return up to 10 passages per turn: a searching episode is ~900 tokens
-    max_model_len = 768 if env == "search_qa" else 1536
-    cfg.env_runners(num_env_runners=1, engine="hf", temperature=1.0, max_new_tokens=48,
-                    max_turns=args.max_turns, max_model_len=max_model_len, max_response_tokens=384)
+    # multi-answer search with the call format its cold start was trained on (<search>, 3 passages)
+    env_config = {} if env == "search_qa" else task_policy_env_config(env)
+    cfg.environment(env, env_config={**env_config, "max_turns": args.max_turns})
+    # a multi-answer episode: up to max_turns - 1 searches (~125 tokens each), then a list of up to
+    # 8 entities in one turn (up to ~51 tokens in the demonstrations): 512 tokens at 3 turns
+    multi_response = 128 * (args.max_turns - 1) + 256
+    max_model_len, max_response, max_new = ((768, 384, 48) if env == "search_qa"
+                                            else (multi_response + 512, multi_response, 64))
+    cfg.env_runners(num_env_runners=1, engine="hf", temperature=1.0, max_new_tokens=max_new,
+                    max_turns=args.max_turns, max_model_len=max_model_len, max_response_tokens=max_response)
     train = {"group_size": args.group_size, "tasks_per_iteration": args.tasks, "lr": args.lr,
              # schedules scaled to the short run (the papers use 200 steps)
              "tool_reward_steps": max(args.iterations // 2, 1),
@@ -108,7 +118,8 @@ def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int
             for k, col in METRICS.items():
                 row[k] = float(r[col]) if col in df.columns and r[col] == r[col] else np.nan
             rows.append(row)
-        print(f"{name:<20} seed {seed}: final success {rows[-1]['success']:.3f} "
+        metric = "f1" if env == "multi_answer_search" else "success"
+        print(f"{name:<20} seed {seed}: final {metric} {rows[-1][metric]:.3f} "
               f"tool rate {rows[-1]['tool_call_rate']:.3f} ({time.time() - t0:.0f}s)", flush=True)
     return rows
 
@@ -205,9 +216,12 @@ def write_outputs(df, out: Path, wall_s: float, args) -> str:
         algo = sub.algorithm.iloc[0]
         seeds_v = ",".join(str(x) for x in sorted(set(sub.seed)))
         lines.append(f"| {v} | {env} | {seeds_v} | {mean:.3f} +- {std:.3f} | "
-                     f"{reach} | {PAPER_NOTES.get(algo, '')} |")
+                     f"{reach} | {PAPER_NOTES.get(v, PAPER_NOTES.get(algo, ''))} |")
     lines += ["", "Mean over seeds by blocks of iterations, success (F1 on multi-answer) / tool-call rate:", ""]
     lines += block_table(df)
+    multi = multi_answer_table(df, args.final_window)
+    if multi:
+        lines += ["", "Multi-answer search, final values (the answers found: recall; searches per episode):", ""] + multi
     checks = must_show_checks(df, target, args.final_window)
     if checks:
         lines += ["", "Must-show checks (issue: SPEAR >= Dr.BoT + 5 points, reaches Dr.BoT's final in "
@@ -215,6 +229,24 @@ def write_outputs(df, out: Path, wall_s: float, args) -> str:
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     return table
+
+
+def multi_answer_table(df, window: int) -> list[str]:
+    """Markdown rows: final F1, recall, precision and searches per episode (mean +- std over seeds)
+    of every multi-answer variant; empty without multi-answer runs."""
+    multi = df[df.env == "multi_answer_search"]
+    if multi.empty:
+        return []
+    cols = [c for c in ("f1", "recall", "precision", "tool_calls") if c in multi.columns]
+    rows = ["| variant | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for v in dict.fromkeys(multi.variant):
+        seeds_v = ",".join(str(x) for x in sorted(set(multi[multi.variant == v].seed)))
+        cells = []
+        for c in cols:
+            mean, std, _ = final_value(multi, v, c, window)
+            cells.append(f"{mean:.3f} +- {std:.3f}")
+        rows.append(f"| {v} | {seeds_v} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def block_table(df, blocks: int = 6) -> list[str]:
@@ -284,8 +316,8 @@ def main() -> None:
     ap.add_argument("--variants", default="", help="comma-separated subset of " + ",".join([*MAIN, *ABLATIONS, *MULTI]))
     ap.add_argument("--model-path", default="embedded", help="cold start of the search_qa runs")
     ap.add_argument("--multi-model-path", default="embedded:multi_answer_search",
-                    help="cold start of the multi-answer runs (default: the embedded policy fine-tuned on "
-                         "multi-answer demonstrations; the search_qa policy never lists entities)")
+                    help="cold start of the multi-answer runs (default: the embedded policy after a "
+                         "multi-answer reading stage and demonstrations; the search_qa policy never lists entities)")
     ap.add_argument("--out", default="benchmarks/out/learning_curves")
     ap.add_argument("--replot", action="store_true",
                     help="no training: rewrite the plots and table.md from --out/runs.csv (and meta.json)")

@@ -8,7 +8,13 @@ Prints, for a model folder (default: the embedded default policy):
   often the episode succeeds (what RL can reach by searching more);
 - free rollouts at temperature 1: tool-call rate, success, success with and without a search.
 
-    python benchmarks/policy_skills.py [--model PATH] [--tasks 100]
+With ``--task multi_answer_search`` (default model: the embedded multi-answer cold start, on the
+env config it was trained with):
+- listing: given the scripted demonstration's searches and results, the F1 of the greedy answer
+  list (can it copy what it found?), beside the demonstrations' own F1;
+- free rollouts at temperature 1: tool-call rate, F1, F1 with and without a search.
+
+    python benchmarks/policy_skills.py [--task search_qa|multi_answer_search] [--model PATH] [--tasks 100]
 """
 from __future__ import annotations
 
@@ -45,18 +51,90 @@ def forced_search(model, tok, tasks, env_factory, prefix: str = "<think>I will s
     return float(np.mean(right_query)), float(np.mean(success))
 
 
+def listing_f1_after_searches(engine, tasks, env_config: dict) -> tuple[float, float]:
+    """(mean F1 of the greedy answer list given the demonstration's searches and results, mean F1
+    of the demonstrations' own answers) on multi-answer ``tasks``."""
+    import json
+    import re
+
+    from rllib_spear.core.answers import set_precision_recall_f1
+    from rllib_spear.env_runners.engines.base import SamplingConfig
+    from rllib_spear.envs import scripted_demonstrations
+
+    tok = engine.tokenizer
+    demos = scripted_demonstrations("multi_answer_search", tasks, tool_use_rate=1.0, env_config=env_config)
+    prompts = [tok(tok.apply_chat_template(c[:-1], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"] for c in demos]
+    outs = engine.generate(prompts, SamplingConfig(max_new_tokens=64, temperature=1e-4, seed=0))
+
+    def f1_of(text: str, task: dict) -> float:
+        m = re.search(r"<answer>(.*?)</answer>", text, re.S)
+        try:
+            preds = json.loads(m.group(1)) if m else []
+        except ValueError:
+            preds = []
+        preds = [str(p) for p in preds] if isinstance(preds, list) else []
+        return set_precision_recall_f1(preds, task["answers"])[2]
+
+    model_f1 = [f1_of(tok.decode(o.token_ids), t) for o, t in zip(outs, tasks)]
+    demo_f1 = [f1_of(c[-1]["content"], t) for c, t in zip(demos, tasks)]
+    return float(np.mean(model_f1)), float(np.mean(demo_f1))
+
+
+def free_rollouts(engine, task_name: str, tasks, group: int, env_config: dict, metric: str,
+                  max_new_tokens: int = 48, max_model_len: int = 768, max_response_tokens: int = 384) -> dict:
+    """Tool-call rate and ``metric`` (overall, with and without a search) of ``group`` episodes
+    per task sampled at temperature 1 (3 turns)."""
+    from rllib_spear.env_runners.engines.base import SamplingConfig
+    from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig
+    from rllib_spear.envs import make_env
+
+    factory = lambda: make_env(task_name, **{**env_config, "max_turns": 3})  # noqa: E731
+    rollout = MultiTurnRollout(engine, engine.tokenizer, factory, SamplingConfig(max_new_tokens=max_new_tokens, seed=5),
+                               RolloutConfig(max_turns=3, max_model_len=max_model_len,
+                                             max_response_tokens=max_response_tokens))
+    trajs, _ = rollout.run(tasks, group)
+    tool = np.array([t.info["tool_calls"] > 0 for t in trajs])
+    value = np.array([float(t.info[metric]) for t in trajs])
+    return {"episodes": len(trajs), "tool_call_rate": float(tool.mean()), metric: float(value.mean()),
+            "with_search": float(value[tool].mean()) if tool.any() else float("nan"), "searching": int(tool.sum()),
+            "without_search": float(value[~tool].mean()) if (~tool).any() else float("nan")}
+
+
+def multi_answer_main(args) -> None:
+    from rllib_spear.env_runners.engines.hf_engine import HFEngine
+    from rllib_spear.envs import load_tasks
+    from rllib_spear.models.sft import task_policy_env_config, task_policy_path
+
+    path = task_policy_path("multi_answer_search") if args.model == "embedded" else args.model
+    env_config = task_policy_env_config("multi_answer_search")
+    engine = HFEngine(path)
+    t0 = time.time()
+    print(f"model: {path}\nenv_config: {env_config}")
+    test = load_tasks("multi_answer_search", split="test")[: args.tasks]
+    model_f1, demo_f1 = listing_f1_after_searches(engine, test, env_config)
+    print(f"listing after the demonstrations' searches ({len(test)} test questions, greedy): F1 {model_f1:.3f} "
+          f"(the demonstrations' own answers: {demo_f1:.3f})")
+    r = free_rollouts(engine, "multi_answer_search", load_tasks("multi_answer_search", split="train")[: args.tasks],
+                      args.group, env_config, "f1", max_new_tokens=64, max_model_len=1024, max_response_tokens=512)
+    print(f"free rollouts ({r['episodes']}, temperature 1): tool-call rate {r['tool_call_rate']:.3f}, F1 {r['f1']:.3f}, "
+          f"F1 with a search {r['with_search']:.3f} (n={r['searching']}), without {r['without_search']:.3f}")
+    print(f"({time.time() - t0:.0f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="embedded")
+    ap.add_argument("--task", default="search_qa", choices=["search_qa", "multi_answer_search"])
+    ap.add_argument("--model", default="embedded", help="model folder (default: the task's embedded cold start)")
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--group", type=int, default=4, help="free rollouts per task")
     args = ap.parse_args()
+    if args.task == "multi_answer_search":
+        return multi_answer_main(args)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rllib_spear.env_runners.engines.base import SamplingConfig
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
-    from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig
     from rllib_spear.envs import load_tasks, make_env
     from rllib_spear.models.pretrain import copy_accuracy
     from rllib_spear.models.sft import default_policy_path
@@ -71,16 +149,10 @@ def main() -> None:
     print(f"copy accuracy (second half of copy sequences): {copy_accuracy(model, tok):.3f}")
     q, s = forced_search(model, tok, tasks, factory)
     print(f"forced search on {len(tasks)} train questions: query names the entity {q:.3f}, success {s:.3f}")
-    engine = HFEngine(path)
-    rollout = MultiTurnRollout(engine, engine.tokenizer, factory, SamplingConfig(max_new_tokens=48, seed=5),
-                               RolloutConfig(max_turns=3, max_model_len=768, max_response_tokens=384))
-    trajs, _ = rollout.run(tasks, args.group)
-    tool = np.array([t.info["tool_calls"] > 0 for t in trajs])
-    ok = np.array([bool(t.info["success"]) for t in trajs])
-    with_tool = ok[tool].mean() if tool.any() else float("nan")
-    without = ok[~tool].mean() if (~tool).any() else float("nan")
-    print(f"free rollouts ({len(trajs)}, temperature 1): tool-call rate {tool.mean():.3f}, success {ok.mean():.3f}, "
-          f"success with a search {with_tool:.3f} (n={int(tool.sum())}), without {without:.3f}")
+    r = free_rollouts(HFEngine(path), "search_qa", tasks, args.group, {}, "success")
+    print(f"free rollouts ({r['episodes']}, temperature 1): tool-call rate {r['tool_call_rate']:.3f}, "
+          f"success {r['success']:.3f}, success with a search {r['with_search']:.3f} (n={r['searching']}), "
+          f"without {r['without_search']:.3f}")
     print(f"({time.time() - t0:.0f} s)")
 
 

@@ -97,22 +97,33 @@ def _demo_multi(env, task, rng, use_tool, pools, think="plain"):
     def turns(env, observations):
         if use_tool:
             queries = list(task.get("queries") or [task["question"]])
-            batches = [queries[:1]] + [queries[i : i + 2] for i in range(1, len(queries), 2)]
+            if parser == "search_r1":  # one query per turn
+                batches = [[q] for q in queries]
+            else:
+                batches = [queries[:1]] + [queries[i : i + 2] for i in range(1, len(queries), 2)]
             found: set[int] = set()
             gold = env.gold
             for b in batches[: max(1, min(3, env.max_turns - 1))]:
-                yield f"<think>I will search.</think>\n{_search_call(parser, b)}"
+                think = f"I will search for {b[0]}." if parser == "search_r1" else "I will search."
+                yield f"<think>{think}</think>\n{_search_call(parser, b)}"
                 for step in env.episode_stats()["found_entities_per_step"]:
                     found.update(step)
                 if len(found) >= len(gold):
                     break
-            # answer every gold entity the searches surfaced, in gold order
-            names = []
+            # answer every gold entity the searches surfaced, in the order they first appear in the
+            # results and spelt as there: the answer is then a copy in reading order (a list in gold
+            # order asks a small model to sort while it copies, and it learnt neither)
+            text = "\n".join(observations).lower()
+            hits = []
             for i, ent in enumerate(task["answers"]):
                 norm = _norm_set(ent)
                 k = next((j for j, g in enumerate(gold) if g == norm), None)
-                if k is not None and k in found:
-                    names.append(first_alias(i))
+                if k is None or k not in found:
+                    continue
+                aliases = [ent] if isinstance(ent, str) else list(ent)
+                spots = [(text.find(a.lower()), a) for a in aliases if a and text.find(a.lower()) >= 0]
+                hits.append(spots[0] if spots else (len(text), first_alias(i)))
+            names = [a for _, a in sorted(hits, key=lambda h: h[0])]
             yield f"<think>I found {len(names)} answers.</think>\n<answer>{json.dumps(names)}</answer>"
         else:
             pool = pools.get(task.get("answer_type")) or [first_alias(0)]

@@ -10,7 +10,8 @@ against ``golden_answers`` after standard normalisation (``reward="em"``, Search
 (``reward="f1"``); no format reward. A turn with neither a search nor an answer gets an error
 observation and the episode goes on. Stats add ``em``, ``f1``.
 
-multi_answer_search (default parser ``spader``): reward on the answer step =
+multi_answer_search (default parser ``spader``; ``hermes`` and ``search_r1``, one query per turn,
+also work): reward on the answer step =
 ``final_weight * F1`` (alias-aware set F1 of the JSON list in the last ``<answer>``), or
 ``format_error_reward`` (0 as released; -1 as in the paper figure) when any turn has bad
 ``<think>`` nesting or the answer is missing / not a JSON list of strings. The per-step diversity
@@ -69,6 +70,14 @@ SEARCH_PROMPTS = {
 }
 
 MULTI_PROMPTS = {
+    # Search-R1's call format with a list answer: one query per turn. The embedded default policy
+    # learnt to search in exactly this format on search_qa, so a cold start for this task can
+    # build on it (the JSON-list call formats are new to it).
+    "search_r1": (
+        "Answer the question. Think inside <think>...</think>. To search, write <search>query</search>; "
+        "results come back in <information>...</information>. Search as often as needed, then give "
+        'every answer as a JSON list of strings: <answer>["Entity A", "Entity B"]</answer>.'
+    ),
     "spader": (
         "Answer the question. Every turn: first reason inside <think>...</think>, then either search with "
         '<tool_call>["query1", "query2"]</tool_call> (top-{top_k} passages per query come back in '
@@ -267,8 +276,6 @@ class MultiAnswerSearchEnv(_SearchEnvBase):
         self.format_error_reward = format_error_reward
         self.entity_match = entity_match
         super().__init__(top_k=top_k, max_turns=max_turns, **kwargs)
-        if self.parser_name == "search_r1":
-            raise ValueError("multi_answer_search needs a parser that carries query lists: spader or hermes")
 
     def _default_prompt(self) -> str:
         return MULTI_PROMPTS[self.parser_name].format(top_k=self.top_k)

@@ -20,6 +20,7 @@ _EXPORTS = {
     "cold_start_sft": "sft",
     "default_policy_path": "sft",
     "task_policy_path": "sft",
+    "task_policy_env_config": "sft",
     "DEFAULT_POLICY_RECIPE": "sft",
     "token_logprobs": "logprobs",
     "naive_token_logprobs": "logprobs",

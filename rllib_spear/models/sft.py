@@ -26,7 +26,8 @@ import torch
 from .factory import atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir, hash_dir, warmup_cosine
 from .tokenizer import assistant_token_mask
 
-__all__ = ["cold_start_sft", "default_policy_path", "task_policy_path", "sft_examples", "DEFAULT_POLICY_RECIPE"]
+__all__ = ["cold_start_sft", "default_policy_path", "task_policy_path", "task_policy_env_config", "sft_examples",
+           "DEFAULT_POLICY_RECIPE", "TASK_POLICY_RECIPE", "TASK_POLICY_OVERRIDES"]
 
 logger = logging.getLogger(__name__)
 
@@ -206,23 +207,25 @@ def _task_conversations(recipe: dict) -> list[list[dict]]:
     for k in range(int(recipe.get("demo_passes", 1))):
         convs += envs.scripted_demonstrations(
             recipe["task"], tasks, tool_use_rate=recipe["tool_use_rate"], seed=recipe["demo_seed"] + k,
-            think=recipe.get("think", "plain"),
+            think=recipe.get("think", "plain"), env_config=recipe.get("env_config"),
         )
     return [list(c) for c in convs]
 
 
 def reading_conversations(recipe: dict, root: Path) -> list[list[dict]]:
-    """Search demonstrations (every one searching) on ``recipe["reading"]["worlds"]`` fictional
-    worlds other than the embedded one; their corpora are written under ``root/reading-worlds``.
-    Empty unless the recipe's task is ``search_qa`` and it has a ``reading`` stage."""
+    """Search demonstrations (every one searching) of the recipe's task on
+    ``recipe["reading"]["worlds"]`` fictional worlds other than the embedded one; their corpora
+    are written under ``root/reading-worlds``. Empty unless the recipe has a ``reading`` stage and
+    its task is a search task ("search_qa" or "multi_answer_search")."""
     reading = recipe.get("reading")
-    if not reading or recipe["task"] != "search_qa":
+    if not reading or recipe["task"] not in ("search_qa", "multi_answer_search"):
         return []
     import pandas as pd
 
     import rllib_spear.envs as envs
-    from rllib_spear.data.generate import build_world, corpus_rows, search_qa_rows
+    from rllib_spear.data.generate import build_world, corpus_rows, multi_answer_rows, search_qa_rows
 
+    rows_of = search_qa_rows if recipe["task"] == "search_qa" else multi_answer_rows
     convs: list[list[dict]] = []
     folder = root / "reading-worlds"
     folder.mkdir(parents=True, exist_ok=True)
@@ -235,8 +238,9 @@ def reading_conversations(recipe: dict, root: Path) -> list[list[dict]]:
             pd.DataFrame(corpus_rows(world)).to_parquet(tmp)
             os.replace(tmp, corpus)
         convs += envs.scripted_demonstrations(
-            "search_qa", search_qa_rows(world, seed=seed), tool_use_rate=1.0, seed=100 + k,
-            env_config={"corpus_path": str(corpus)}, think=recipe.get("think", "plain"),
+            recipe["task"], rows_of(world, seed=seed), tool_use_rate=1.0, seed=100 + k,
+            env_config={**(recipe.get("env_config") or {}), "corpus_path": str(corpus)},
+            think=recipe.get("think", "plain"),
         )
     return [list(c) for c in convs]
 
@@ -299,21 +303,9 @@ def default_policy_path(
     convs, corpus = _default_task_data(recipe)
     key = _recipe_key(recipe, convs, corpus)
     pointer = root / f"default-policy-{key}.json"
-    if pointer.exists():
-        path = json.loads(pointer.read_text())["path"]
-        if (Path(path) / "DONE").exists():
-            return path
-    build = build or os.environ.get("RLLIB_SPEAR_BUILD_DEFAULT_POLICY") == "1"
-    shipped = SHIPPED_POLICIES / f"default-policy-{key}"
-    if not build and (shipped / "model.safetensors").exists():
-        final = root / f"sft-shipped-{key}"
-        if not (final / "DONE").exists():
-            with atomic_build_dir(final) as tmp:
-                for name in _SHIPPED_FILES:
-                    if (shipped / name).exists():
-                        shutil.copy2(shipped / name, tmp / name)
-                (tmp / "DONE").write_text("ok\n")
-        return _point(pointer, str(final))
+    found = _cached_or_shipped(pointer, f"default-policy-{key}", root / f"sft-shipped-{key}", build)
+    if found:
+        return found
     base = root / f"default-base-{key}"
     if not (base / "config.json").exists():
         texts = list(corpus) + conversation_texts(convs)
@@ -337,29 +329,105 @@ def default_policy_path(
 
 
 #: A task cold start derived from the default policy (``task_policy_path``): the same tokenizer
-#: and reading skill, then the task's own demonstrations, using the tool in ~20% of them, like the
-#: search task's cold start. On multi-answer search this learns the answer-list format only
-#: partly (greedy: 5/16 lists) and not the search: sampled at T=1 it emits no well-formed tool
-#: call (on older data, also at 80% tool demonstrations: 3%, garbled), so its F1 stays ~0.
+#: and skills, then the task's own demonstrations, using the tool in ~20% of them, like the
+#: search task's cold start. ``TASK_POLICY_OVERRIDES`` changes it per task.
 TASK_POLICY_RECIPE = dict(tool_use_rate=0.2, demo_seed=0, demo_passes=3,
-                          # max_len: a multi-answer search demonstration is ~900 tokens (up to 10
-                          # passages per turn); at 512 most lost the turn that lists the answers
                           sft=dict(epochs=3, lr=1e-3, seed=0, max_len=1536, batch_size=16), v=1)
 
+#: Per-task changes to ``TASK_POLICY_RECIPE``.
+#: multi_answer_search: Search-R1 calls (``<search>``, one query per turn), which the default
+#: policy already makes on search_qa; with the JSON-list call formats the cold start never made a
+#: well-formed call at T=1. Three passages per query and 3 turns keep an episode within ~400
+#: tokens. A reading stage on 16 other worlds (every demonstration searching, loss on all tokens)
+#: teaches it to copy the found entities into the answer list (docs/design.md, "Other tasks").
+TASK_POLICY_OVERRIDES: dict[str, dict] = {
+    "multi_answer_search": dict(
+        env_config={"parser": "search_r1", "top_k": 3, "max_turns": 3},
+        reading=dict(worlds=16, world_seed=5000, epochs=4, lr=3e-3, train_on="all", batch_size=16, max_len=768),
+        v=2,
+    ),
+}
 
-def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, recipe: dict | None = None) -> str:
+
+def task_policy_env_config(task: str) -> dict:
+    """The env_config a task cold start (``task_policy_path``) was trained with; run RL on the task
+    with it (e.g. ``config.environment("multi_answer_search", env_config=task_policy_env_config(
+    "multi_answer_search"))``), since the policy only knows that call format."""
+    return dict(TASK_POLICY_OVERRIDES.get(task, {}).get("env_config") or {})
+
+
+def _task_recipe(task: str, recipe: dict | None) -> dict:
+    if recipe is None:
+        recipe = {**TASK_POLICY_RECIPE, **TASK_POLICY_OVERRIDES.get(task, {})}
+    return {**recipe, "task": task}
+
+
+def task_policy_key(task: str, recipe: dict | None = None, cache_dir: str | os.PathLike | None = None) -> str:
+    """The cache key of a task cold start: a hash of its recipe, of the default policy's key and of
+    every demonstration it trains on."""
+    recipe = _task_recipe(task, recipe)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return _task_key(recipe, reading_conversations(recipe, root), _task_conversations(recipe))
+
+
+def _task_key(recipe: dict, reading: list, convs: list) -> str:
+    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
+    h.update(default_policy_key().encode())
+    h.update(json.dumps(reading, sort_keys=True).encode())
+    h.update(json.dumps(convs, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, recipe: dict | None = None,
+                     build: bool = False) -> str:
     """A cold-start policy for another embedded task: the default policy (``default_policy_path``)
-    fine-tuned on the scripted demonstrations of ``task`` (e.g. "multi_answer_search").
+    fine-tuned on the scripted demonstrations of ``task`` (e.g. "multi_answer_search"), after a
+    reading stage on other worlds when the task's recipe has one.
 
     The default policy only saw search_qa demonstrations, so on multi-answer questions it never
-    searches and never lists entities (F1 0 in every sample: no learning signal). This keeps its
-    tokenizer and reading stage and adds the task's format. "search_qa" returns the default policy
-    itself. Cached like ``cold_start_sft`` (a few minutes on 2 cores the first time)."""
+    lists entities (F1 0 in every sample: no learning signal). This keeps its tokenizer and skills
+    and adds the task's format. "search_qa" returns the default policy itself. ``recipe``
+    replaces ``TASK_POLICY_RECIPE`` updated with ``TASK_POLICY_OVERRIDES[task]``.
+
+    Cached like ``default_policy_path``; builds of the default recipes ship with the package
+    (``rllib_spear/assets/task-policy-<task>-<key>``) and are copied unless ``build=True`` or
+    ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1`` (multi_answer_search: ~9 min on 2 cores to rebuild)."""
     if task == "search_qa":
-        return default_policy_path(cache_dir)
-    recipe = {**(TASK_POLICY_RECIPE if recipe is None else recipe), "task": task}
+        return default_policy_path(cache_dir, build=build)
+    recipe = _task_recipe(task, recipe)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return cold_start_sft(default_policy_path(cache_dir), _task_conversations(recipe), root, **recipe["sft"])
+    reading = reading_conversations(recipe, root)
+    convs = _task_conversations(recipe)
+    key = _task_key(recipe, reading, convs)
+    pointer = root / f"task-policy-{task}-{key}.json"
+    found = _cached_or_shipped(pointer, f"task-policy-{task}-{key}", root / f"sft-shipped-{task}-{key}", build)
+    if found:
+        return found
+    start = default_policy_path(cache_dir, build=build)
+    if reading:
+        start = cold_start_sft(start, reading, root, **{k: v for k, v in recipe["reading"].items()
+                                                        if k not in ("worlds", "world_seed")})
+    return _point(pointer, cold_start_sft(start, convs, root, **recipe["sft"]))
+
+
+def _cached_or_shipped(pointer: Path, shipped_name: str, copy_to: Path, build: bool) -> str | None:
+    """The build ``pointer`` names if it is complete; else, unless ``build`` (or
+    ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``), the shipped build ``SHIPPED_POLICIES/shipped_name``
+    copied to ``copy_to`` (and pointed to); else None: build it."""
+    if pointer.exists():
+        path = json.loads(pointer.read_text())["path"]
+        if (Path(path) / "DONE").exists():
+            return path
+    shipped = SHIPPED_POLICIES / shipped_name
+    if build or os.environ.get("RLLIB_SPEAR_BUILD_DEFAULT_POLICY") == "1" or not (shipped / "model.safetensors").exists():
+        return None
+    if not (copy_to / "DONE").exists():
+        with atomic_build_dir(copy_to) as tmp:
+            for name in _SHIPPED_FILES:
+                if (shipped / name).exists():
+                    shutil.copy2(shipped / name, tmp / name)
+            (tmp / "DONE").write_text("ok\n")
+    return _point(pointer, str(copy_to))
 
 
 def _point(pointer: Path, path: str) -> str:
@@ -370,14 +438,8 @@ def _point(pointer: Path, path: str) -> str:
     return path
 
 
-def ship_default_policy(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build the default recipe from scratch (or take the cached build) and copy it into
-    ``SHIPPED_POLICIES``, replacing older shipped builds. Run ``python -m rllib_spear.models.sft``
-    after changing the recipe or the embedded data."""
-    path = Path(default_policy_path(cache_dir, build=True))
-    key = default_policy_key()
-    dest = SHIPPED_POLICIES / f"default-policy-{key}"
-    for old in SHIPPED_POLICIES.glob("default-policy-*"):
+def _ship(path: Path, dest: Path, pattern: str) -> Path:
+    for old in SHIPPED_POLICIES.glob(pattern):
         if old != dest:
             shutil.rmtree(old)
     dest.mkdir(parents=True, exist_ok=True)
@@ -387,6 +449,27 @@ def ship_default_policy(cache_dir: str | os.PathLike | None = None) -> Path:
     return dest
 
 
+def ship_default_policy(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build the default recipe from scratch (or take the cached build) and copy it into
+    ``SHIPPED_POLICIES``, replacing older shipped builds. Run ``python -m rllib_spear.models.sft``
+    after changing the recipe or the embedded data."""
+    path = Path(default_policy_path(cache_dir, build=True))
+    return _ship(path, SHIPPED_POLICIES / f"default-policy-{default_policy_key()}", "default-policy-*")
+
+
+#: Task cold starts that ship with the package (``python -m rllib_spear.models.sft`` rebuilds them).
+SHIPPED_TASKS = ("multi_answer_search",)
+
+
+def ship_task_policy(task: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Like ``ship_default_policy`` for ``task_policy_path(task)`` (run it after the default policy)."""
+    path = Path(task_policy_path(task, cache_dir, build=True))
+    return _ship(path, SHIPPED_POLICIES / f"task-policy-{task}-{task_policy_key(task, cache_dir=cache_dir)}",
+                 f"task-policy-{task}-*")
+
+
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point
     logging.basicConfig(level=logging.INFO)
     print(ship_default_policy())
+    for _task in SHIPPED_TASKS:
+        print(ship_task_policy(_task))

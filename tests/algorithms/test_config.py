@@ -78,3 +78,22 @@ def test_config_round_trips_through_dict():
     d = cfg.to_dict()
     cfg2 = SPEARConfig().update_from_dict(d)
     assert cfg2.group_size == 3 and cfg2.sil_capacity == 16 and cfg2.loss_mode == "clip_cov"
+
+
+def test_embedded_task_cold_start_with_another_call_format_warns(caplog):
+    import logging
+
+    from rllib_spear.models.sft import task_policy_env_config
+
+    def config(env_config):
+        return (SPADERConfig().environment("multi_answer_search", env_config=env_config)
+                .rl_module(model_config={"model_path": "embedded:multi_answer_search"}))
+
+    with caplog.at_level(logging.WARNING):
+        config({}).validate()  # the env's default parser is spader: the cold start never calls it
+    assert "parser 'search_r1'" in caplog.text and "task_policy_env_config" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        config(task_policy_env_config("multi_answer_search")).validate()
+        SPADERConfig().rl_module(model_config={"model_path": "/some/model"}).validate()
+    assert "parser" not in caplog.text

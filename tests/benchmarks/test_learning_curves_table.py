@@ -67,3 +67,19 @@ def test_reach_ratio_counts_a_baseline_seed_that_never_reaches_as_the_run_length
     later = [0.0] * 16 + [0.3] * 4
     df = _runs({"DrBoT": [later] * 3, "SPEAR": [fast, fast, never]})
     assert "SPEAR >= 9.3 (2/3), Dr.BoT 18.0 (3/3), ratio 0.52 (UNDETERMINED)" in lc.must_show_checks(df, 0.2, 10)[1]
+
+
+def test_multi_answer_table_reports_final_f1_recall_and_searches():
+    rows = []
+    for variant, seeds in {"GRPO-multi": [(0.1, 0.2, 1.0), (0.3, 0.4, 2.0)], "SPADER": [(0.2, 0.5, 2.0)]}.items():
+        for seed, (f1, recall, calls) in enumerate(seeds):
+            for it in range(1, 5):
+                rows.append({"variant": variant, "env": "multi_answer_search", "seed": seed, "iteration": it,
+                             "f1": f1 if it > 2 else 0.0, "recall": recall, "precision": 1.0, "tool_calls": calls})
+    rows.append({"variant": "SPEAR", "env": "search_qa", "seed": 0, "iteration": 1, "success": 0.5})
+    table = lc.multi_answer_table(pd.DataFrame(rows), window=2)
+    assert table[0] == "| variant | seeds | f1 | recall | precision | tool_calls |"
+    assert table[2] == "| GRPO-multi | 0,1 | 0.200 +- 0.100 | 0.300 +- 0.100 | 1.000 +- 0.000 | 1.500 +- 0.500 |"
+    assert table[3].startswith("| SPADER | 0 | 0.200 +- 0.000 | 0.500 +- 0.000 |")
+    assert len(table) == 4  # the search_qa run is not in it
+    assert lc.multi_answer_table(pd.DataFrame(rows[-1:]), window=2) == []

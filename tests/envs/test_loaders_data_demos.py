@@ -149,3 +149,31 @@ def test_evidence_demos_answer_from_the_quoted_clause():
     assert quoted >= 36  # the top passages hold the answer for (nearly) every embedded question
     with pytest.raises(ValueError, match="think"):
         scripted_demonstrations("search_qa", tasks[:1], think="cot")
+
+
+def test_multi_answer_demos_with_search_r1_copy_in_reading_order():
+    """search_r1 multi-answer demos search one query per turn and list what they found in the
+    order it appears in the results, spelt as there (a copy, not a sort)."""
+    import json
+
+    tasks = load_tasks("multi_answer_search")[:40]
+    cfg = {"parser": "search_r1", "top_k": 3, "max_turns": 3}
+    demos = scripted_demonstrations("multi_answer_search", tasks, tool_use_rate=1.0, env_config=cfg)
+    env = make_env("multi_answer_search", **cfg)
+    f1 = []
+    for task, conv in zip(tasks, demos):
+        calls = [m["content"] for m in conv if m["role"] == "assistant"][:-1]
+        assert 1 <= len(calls) <= 2 and all(c.count("<search>") == 1 for c in calls)
+        assert calls[0].endswith(f"<search>{task['queries'][0]}</search>")
+        results = "\n".join(m["content"] for m in conv[2:] if m["role"] == "user").lower()
+        names = json.loads(conv[-1]["content"].split("<answer>")[1].split("</answer>")[0])
+        spots = [results.find(n.lower()) for n in names]
+        assert all(p >= 0 for p in spots) and spots == sorted(spots)
+        env.reset(task)
+        for m in conv[2:]:
+            if m["role"] == "assistant":
+                env.step(m["content"])
+        s = env.episode_stats()
+        assert s["precision"] == 1.0 and s["format_ok"]
+        f1.append(s["f1"])
+    assert 0.5 < sum(f1) / len(f1) < 0.95  # two searches of 3 passages rarely find every answer

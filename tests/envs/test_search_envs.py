@@ -95,6 +95,34 @@ def test_multi_answer_episode_counters(multi_tasks):
     assert s["tool_calls"] == 2 and s["format_ok"]
 
 
+def test_multi_answer_with_search_r1_calls(multi_tasks):
+    """One <search> query per turn (the call format the embedded default policy knows): the same
+    counters, entity discovery and list-answer reward as the JSON-list call formats."""
+    t = next(t for t in multi_tasks if t["question"].startswith("Who was born in"))
+    town = t["question"][len("Who was born in "):-1]
+    env = make_env("multi_answer_search", parser="search_r1", top_k=3)
+    msgs = env.reset(t)
+    assert "<search>query</search>" in msgs[0]["content"] and "JSON list" in msgs[0]["content"]
+    r1 = env.step(f"<think>a</think>\n<search>born in {town}</search>")
+    assert r1.observation.startswith("<information>") and r1.observation.count("Doc ") == 3
+    found = r1.info["found_entities"]
+    assert found and all(t["answers"][i][0] in r1.observation for i in found)
+    r2 = env.step(f"<think>b</think>\n<search>{town}</search>")
+    found2 = r2.info["found_entities"]
+    names = [t["answers"][i][0] for i in sorted(set(found) | set(found2))]
+    r3 = env.step(f"<think>c</think>\n<answer>{json.dumps(names)}</answer>")
+    s = env.episode_stats()
+    assert s["queries_per_step"] == [1, 1, 0] and s["tool_calls"] == 2 and s["format_ok"]
+    assert s["found_entities_per_step"] == [found, found2, []]
+    assert s["precision"] == 1.0 and s["recall"] == pytest.approx(len(names) / len(t["answers"]))
+    assert s["f1"] > 0 and r3.reward == pytest.approx(s["f1"])
+    env.reset(t)
+    r = env.step("<think>b</think><search>x</search><search>y</search>")  # one query per turn
+    assert "only one <search> per turn" in r.observation and r.info["found_entities"] == []
+    env.reset(t)
+    assert env.step(f"<answer>{names[0]}</answer>").reward == 0.0  # a bare string is not a list
+
+
 def test_multi_answer_format_errors():
     t = {"uid": "m", "question": "Which?", "answers": [["Alpha One", "A1"], "Beta Two", ["alpha one!", "a1"]]}
     env = make_env("multi_answer_search")

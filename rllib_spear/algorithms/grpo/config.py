@@ -7,6 +7,7 @@ key and the fix for every bad value.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -279,6 +280,23 @@ class GRPOConfig(AlgorithmConfig):
         if "model_path" not in self.model_config:
             err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
                 "(a local HF model folder, or 'embedded' for the project's tiny model)")
+        self._warn_on_cold_start_call_format()
+
+    def _warn_on_cold_start_call_format(self) -> None:
+        """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);
+        with another parser it never makes a valid call and the run learns nothing."""
+        path = str(self.model_config.get("model_path", ""))
+        if not path.startswith("embedded:") or path.split(":", 1)[1] != self.env:
+            return
+        from ...models.sft import task_policy_env_config
+
+        want = task_policy_env_config(self.env).get("parser")
+        env_config = self.env_config or {}
+        if want and env_config.get("parser") != want:
+            logging.getLogger(__name__).warning(
+                "model_path %r was trained to call tools with parser %r, but env_config['parser'] is %r; "
+                "use .environment(%r, env_config=rllib_spear.models.task_policy_env_config(%r))",
+                path, want, env_config.get("parser"), self.env, self.env)
 
 
 class DrBoTConfig(GRPOConfig):
