@@ -256,3 +256,22 @@ def test_cli_eval_prints_macro_metrics(spader_checkpoint):
         assert k in lines, out.stdout[-3000:]
         assert 0.0 <= float(lines[k]) <= 1.0
     assert float(lines["num_tasks"]) == 4.0
+
+
+def test_cli_trains_the_spader_demo_config_and_reports_f1(tmp_path):
+    """configs/spader_cpu_demo.yaml as a user runs it (shortened): the multi-answer cold start on
+    the env config it was trained on, with the F1 trend (not the rare full-set success) at the end."""
+    from pathlib import Path
+
+    demo = Path(__file__).resolve().parents[2] / "configs" / "spader_cpu_demo.yaml"
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "GLOO_SOCKET_IFNAME": "lo"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-m", "rllib_spear.cli", "train", str(demo),
+                          "--set", "stop.training_iteration=2", "--set", f"storage_path={tmp_path}",
+                          "--set", "checkpoint_freq=0", "--set", "num_cpus=2",
+                          "--set", "training.tasks_per_iteration=2", "--set", "training.group_size=4"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    assert "iter   2 | reward" in out.stdout and "| f1 " in out.stdout
+    assert "f1 by iterations: 1-1:" in out.stdout, out.stdout[-2000:]
+    assert "was trained to call tools with parser" not in out.stdout + out.stderr  # the matching env config
