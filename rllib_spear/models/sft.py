@@ -320,10 +320,7 @@ def default_policy_path(
         from .pretrain import copy_pretrain
 
         start = Path(copy_pretrain(base, root, **recipe["copy_pretrain"]))
-    reading = reading_conversations(recipe, root)
-    if reading:
-        start = Path(cold_start_sft(start, reading, root, **{k: v for k, v in recipe["reading"].items()
-                                                             if k not in ("worlds", "world_seed")}))
+    start = _reading_sft(start, reading_conversations(recipe, root), recipe, root)
     path = cold_start_sft(start, convs, root, **recipe["sft"])
     return _point(pointer, path)
 
@@ -403,11 +400,17 @@ def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, r
     found = _cached_or_shipped(pointer, f"task-policy-{task}-{key}", root / f"sft-shipped-{task}-{key}", build)
     if found:
         return found
-    start = default_policy_path(cache_dir, build=build)
-    if reading:
-        start = cold_start_sft(start, reading, root, **{k: v for k, v in recipe["reading"].items()
-                                                        if k not in ("worlds", "world_seed")})
+    start = _reading_sft(default_policy_path(cache_dir, build=build), reading, recipe, root)
     return _point(pointer, cold_start_sft(start, convs, root, **recipe["sft"]))
+
+
+def _reading_sft(start: str | Path, reading: list, recipe: dict, root: Path) -> str | Path:
+    """The reading stage (``recipe["reading"]``) on ``reading``'s conversations, from ``start``;
+    ``start`` itself when there are none."""
+    if not reading:
+        return start
+    params = {k: v for k, v in recipe["reading"].items() if k not in ("worlds", "world_seed")}
+    return cold_start_sft(start, reading, root, **params)
 
 
 def _cached_or_shipped(pointer: Path, shipped_name: str, copy_to: Path, build: bool) -> str | None:
