@@ -121,6 +121,12 @@ def _train(args: argparse.Namespace) -> int:
     exp = load_experiment(args.config, args.set)
     cfg = build_config(exp)
     cfg.validate()
+    # Resolve an embedded cold start here, in the foreground: a shipped build is a file copy; a
+    # build (a recipe with no shipped build) prints its progress on this console and stops on
+    # Ctrl-C, instead of running silently inside the trial actor.
+    from rllib_spear.models.rl_module import resolve_model_path
+
+    resolve_model_path(str(cfg.model_config.get("model_path", "")))
     stop = exp.get("stop") or {"training_iteration": 10}
     name = exp.get("name") or Path(args.config).stem
     storage = os.path.abspath(exp.get("storage_path") or "results")

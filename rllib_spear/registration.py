@@ -7,16 +7,10 @@ ALGORITHM_NAMES = ("GRPO-LLM", "DrBoT", "SPEAR", "SPADER")
 
 def algorithm_classes() -> dict[str, type]:
     from .algorithms.grpo import GRPO, DrBoT
+    from .algorithms.spader.spader import SPADER
     from .algorithms.spear.spear import SPEAR
 
-    classes = {"GRPO-LLM": GRPO, "DrBoT": DrBoT, "SPEAR": SPEAR}
-    try:
-        from .algorithms.spader.spader import SPADER
-
-        classes["SPADER"] = SPADER
-    except ImportError:  # pragma: no cover - during development of part 5
-        pass
-    return classes
+    return {"GRPO-LLM": GRPO, "DrBoT": DrBoT, "SPEAR": SPEAR, "SPADER": SPADER}
 
 
 def register_all() -> None:

@@ -9,7 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/pip"
+# pip, quietly: errors stay; setuptools' build notices (PYTHONWARNINGS reaches the build backend)
+# and the "Location ... is ignored" lines of index mirrors configured but absent go.
+pip_quiet() {
+  PYTHONWARNINGS=ignore .venv/bin/pip "$@" 2>&1 | { grep -v -E "^WARNING: (Location '.*' is ignored|Skipping .* as it is not installed)" || true; }
+}
+PIP=pip_quiet
+echo "installing rllib_spear into ./.venv (a few minutes on a fresh machine)"
 "$PIP" install -q -U pip
 EXTRAS="test,smollm,bench"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then

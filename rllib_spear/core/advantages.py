@@ -1,9 +1,9 @@
-"""Advantage estimators: outcome group advantages (GRPO / Dr.GRPO, spec 1.1) and SPADER's
-step-wise peer advantage (spec 3.3).
+"""Advantage estimators: outcome group advantages (GRPO / Dr.GRPO, docs/algorithms.md 1.1) and
+SPADER's step-wise peer advantage (docs/algorithms.md 3.3).
 
 Pure numpy. Groups are always found by task uid (any hashable), never by batch position: the
 released SPEAR math code assumed contiguous groups after the batch had been reordered, which
-silently mixed tasks (notes/spear.md section 9.1).
+silently mixed tasks (docs/algorithms.md 2.5).
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def group_advantages(
     std_normalize: bool,
     eps: float = 1e-6,
 ) -> np.ndarray:
-    """Outcome group advantage of each trajectory (spec 1.1).
+    """Outcome group advantage of each trajectory (docs/algorithms.md 1.1).
 
     With g the group of trajectory i (all trajectories sharing its uid):
 
@@ -96,8 +96,8 @@ def group_reward_stats(
 
     ``mean_g = sum R / n``; ``std_g = sqrt(sum (R - mean_g)^2 / (n - ddof))``.
 
-    Used for the SIL baseline history (spec 2.2 step 4). The default ``ddof=0`` (population std)
-    follows the released agent tree (verl-agent ``TrajectoryBufferBatch.update_batch`` uses
+    Used for the SIL baseline history (docs/algorithms.md 2.2, step 3). The default ``ddof=0``
+    (population std) follows the released agent tree (verl-agent ``TrajectoryBufferBatch.update_batch`` uses
     ``np.std`` over uid groups); the math tree used ``torch.std`` (unbiased, ``ddof=1``). A group of
     size 1 has std 0 with ``ddof=0``; with ``ddof=1`` it raises (undefined).
     """
@@ -116,7 +116,7 @@ def group_reward_stats(
 
 
 def discounted_step_returns(step_rewards: Sequence[float] | np.ndarray, gamma: float) -> np.ndarray:
-    """Reward-to-go of each step: ``G_k = sum_{j>=k} gamma^(j-k) r_j`` (spec 3.3).
+    """Reward-to-go of each step: ``G_k = sum_{j>=k} gamma^(j-k) r_j`` (docs/algorithms.md 3.3).
 
     Computed backwards, ``G_k = r_k + gamma * G_{k+1}``. An empty sequence gives an empty array.
     """
@@ -142,7 +142,7 @@ def step_peer_advantages(
     gamma: float = 0.9,
     eps: float = 1e-6,
 ) -> list[np.ndarray]:
-    """SPADER step-wise peer advantage (spec 3.3).
+    """SPADER step-wise peer advantage (docs/algorithms.md 3.3).
 
     For each group (same uid) of G trajectories and each step index k up to the group's longest
     trajectory, with ``G_k(i)`` the discounted return (``discounted_step_returns``) and

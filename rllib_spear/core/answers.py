@@ -30,8 +30,11 @@ def normalize_answer(text: str) -> str:
     """Normalise an answer string: lowercase, unify quotes, drop punctuation (incl. the dashes
     U+2014, U+2013, U+2010), drop the articles a/an/the, collapse whitespace.
 
-    ``normalize_answer("The  O’Brien—Smith!") == "obriensmith"``
+    ``normalize_answer("The  O’Brien—Smith!") == "obriensmith"``; ``normalize_answer(None) == ""``
+    (a missing answer is empty, as in the official metric code, never the string "none").
     """
+    if text is None:
+        return ""
     if not isinstance(text, str):
         text = str(text)
     s = text.lower().translate(_QUOTES)

@@ -1,4 +1,4 @@
-"""SPADER's diversity-aware exploration reward (spec 3.2).
+"""SPADER's diversity-aware exploration reward (docs/algorithms.md 3.2).
 
 Entities are indices into a task's deduplicated gold list (``answers.dedupe_gold_entities``), so
 aliases of one entity count once and |GT| is the number of entities, not of aliases.
@@ -108,7 +108,7 @@ def diversity_step_details(
     lam: float = 1.0,
     tool_cost: float = 0.0,
 ) -> DiversityDetails:
-    """Per-step diversity rewards with their ingredients (spec 3.2).
+    """Per-step diversity rewards with their ingredients (docs/algorithms.md 3.2).
 
     Inputs per trajectory i (same order as ``uids``): ``found_per_step[i][k]`` = gold entity
     indices found in the tool response of step k (duplicates ignored); ``queries_per_step[i][k]``
@@ -205,7 +205,7 @@ def diversity_step_rewards(
     lam: float = 1.0,
     tool_cost: float = 0.0,
 ) -> list[list[float]]:
-    """Per trajectory, the list of per-step diversity rewards r_k(i) (spec 3.2); see
+    """Per trajectory, the list of per-step diversity rewards r_k(i) (docs/algorithms.md 3.2); see
     :func:`diversity_step_details` for the formula and the metrics companion."""
     return diversity_step_details(
         found_per_step, queries_per_step, uids, num_gold,

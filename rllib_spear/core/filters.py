@@ -1,4 +1,4 @@
-"""Dr.BoT response and group filters (spec 1.5).
+"""Dr.BoT response and group filters (docs/algorithms.md 1.5).
 
 A filtered response keeps its place in the group statistics; the caller sets its loss mask to 0.
 The group filter keeps the groups with the largest within-group reward spread. No resampling.

@@ -1,4 +1,4 @@
-"""Token-level policy losses: PPO clip with clip-higher and dual clip (spec 1.2), global loss
+"""Token-level policy losses: PPO clip with clip-higher and dual clip (docs/algorithms.md 1.2), global loss
 aggregation (1.3), Clip-Cov / KL-Cov entropy control (1.4), truncated importance sampling for
 engine/trainer mismatch (1.6), optional KL to a reference policy and entropy bonus.
 
@@ -20,6 +20,7 @@ __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "PolicyLossConfig",
+    "METRIC_REDUCE",
     "LossNormalizer",
     "loss_normalizer",
     "aggregate_token_values",
@@ -32,7 +33,11 @@ LOSS_MODES = ("vanilla", "clip_cov", "kl_cov")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k3")
 
-# |log-ratio| bound before exp (spec 1.2): keeps rho finite so 0-weighted tokens never give NaN.
+#: How a metric of :func:`policy_loss` combines over micro-batches and updates (default "mean").
+#: A maximum must stay a maximum: logged with a mean it reads as an average of per-batch maxima.
+METRIC_REDUCE: dict[str, str] = {"logp_mismatch_max": "max"}
+
+# |log-ratio| bound before exp (docs/algorithms.md 1.2): keeps rho finite so 0-weighted tokens never give NaN.
 _LOG_RATIO_CLAMP = 20.0
 # verl's low_var_kl clamps the k3 value to [-10, 10]; kept so a diverged token cannot dominate.
 _K3_CLAMP = 10.0
@@ -51,11 +56,11 @@ class PolicyLossConfig:
         dual_clip_c: dual-clip bound c (> 1) for A < 0, ``l = min(l, -A*c)``; None = off.
             Only applied in ``vanilla`` mode, as released (clip_cov and kl_cov have no dual clip).
         loss_mode: "vanilla" | "clip_cov" | "kl_cov".
-        loss_agg_mode: one of :data:`AGG_MODES` (spec 1.3).
+        loss_agg_mode: one of :data:`AGG_MODES` (docs/algorithms.md 1.3).
         clip_cov_ratio / clip_cov_lb / clip_cov_ub: Clip-Cov r, lb, ub (on-policy 2e-4/1/5; SPEAR
             agent replay 0.02/2/60).
         kl_cov_ratio / kl_cov_coef: KL-Cov r and coefficient of ``|logp_new - logp_old|``.
-        tis_cap: truncation C of the engine-mismatch importance weight (spec 1.6 uses C=2);
+        tis_cap: truncation C of the engine-mismatch importance weight (docs/algorithms.md 1.6 uses C=2);
             None = no weight (mismatch is still reported when engine log-probs are given).
         kl_coef / kl_estimator: KL-to-reference term added to the loss ("k1" or "k3"); 0 = off.
         entropy_coef: entropy bonus, ``loss -= entropy_coef * aggregate(entropy)``.
@@ -76,11 +81,15 @@ class PolicyLossConfig:
     kl_estimator: str = "k3"
     entropy_coef: float = 0.0
 
-    def validate(self, where: str = "PolicyLossConfig") -> "PolicyLossConfig":
-        """Raise ValueError naming the offending field; return self."""
+    def validate(self, where: str = "PolicyLossConfig", names: dict[str, str] | None = None) -> "PolicyLossConfig":
+        """Raise ValueError naming the offending field; return self.
+
+        ``names`` maps a field to the name the user set it by (an algorithm config's
+        ``training()`` kwarg, e.g. ``{"kl_coef": "kl_coeff"}``), so the message names that."""
+        names = names or {}
 
         def bad(field: str, need: str) -> ValueError:
-            return ValueError(f"{where}: {field} must be {need}, got {getattr(self, field)!r}")
+            return ValueError(f"{where}: `{names.get(field, field)}` must be {need}, got {getattr(self, field)!r}")
 
         def finite(field: str) -> float:
             v = getattr(self, field)
@@ -90,8 +99,8 @@ class PolicyLossConfig:
 
         if finite("clip_ratio_low") < 0:
             raise bad("clip_ratio_low", ">= 0")
-        if self.clip_ratio_low > 1:
-            raise bad("clip_ratio_low", "<= 1")
+        if self.clip_ratio_low >= 1:
+            raise bad("clip_ratio_low", "< 1 (the ratio's lower bound 1 - clip_ratio_low must be > 0)")
         if finite("clip_ratio_high") < 0:
             raise bad("clip_ratio_high", ">= 0")
         if self.dual_clip_c is not None and finite("dual_clip_c") <= 1.0:
@@ -123,36 +132,6 @@ class PolicyLossConfig:
 
     def replace(self, **changes) -> "PolicyLossConfig":
         return replace(self, **changes).validate()
-
-    # Presets matching the released scripts (notes/spear.md 5-6, notes/spader.md 4).
-    @classmethod
-    def grpo(cls, **kw) -> "PolicyLossConfig":
-        """GRPO as in the SPEAR scripts: clip 0.2/0.2, dual clip 10, token-mean."""
-        return cls(**{"dual_clip_c": 10.0, **kw}).validate()
-
-    @classmethod
-    def drbot(cls, **kw) -> "PolicyLossConfig":
-        """Dr.BoT: clip-higher 0.2/0.28, dual clip 10, seq-mean-token-sum-norm, vanilla."""
-        base = {"clip_ratio_high": 0.28, "dual_clip_c": 10.0,
-                "loss_agg_mode": "seq-mean-token-sum-norm"}
-        return cls(**{**base, **kw}).validate()
-
-    @classmethod
-    def spear(cls, **kw) -> "PolicyLossConfig":
-        """SPEAR on-policy: Dr.BoT + Clip-Cov (r=2e-4, lb=1, ub=5; dual clip inactive in clip_cov)."""
-        return cls.drbot(**{"loss_mode": "clip_cov", **kw})
-
-    @classmethod
-    def spear_replay(cls, **kw) -> "PolicyLossConfig":
-        """SPEAR SIL (agent tree): Clip-Cov with the replay parameters r=0.02, lb=2, ub=60."""
-        base = {"clip_cov_ratio": 0.02, "clip_cov_lb": 2.0, "clip_cov_ub": 60.0}
-        return cls.spear(**{**base, **kw})
-
-    @classmethod
-    def spader(cls, **kw) -> "PolicyLossConfig":
-        """SPADER: clip 0.2/0.2 (verl dual clip 3.0), token-mean, k3 KL to reference 0.001."""
-        base = {"dual_clip_c": 3.0, "kl_coef": 0.001, "kl_estimator": "k3"}
-        return cls(**{**base, **kw}).validate()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +229,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def aggregate_token_values(
     values: torch.Tensor, mask: torch.Tensor, mode: str, normalizer: LossNormalizer
 ) -> torch.Tensor:
-    """Aggregate per-token values into a scalar with global denominators (spec 1.3).
+    """Aggregate per-token values into a scalar with global denominators (docs/algorithms.md 1.3).
 
     With ``m`` the mask, ``S_i = sum_t m_it v_it``, ``n_i = sum_t m_it``, and the global counts
     ``N_tok = normalizer.num_tokens``, ``N_seq = normalizer.num_seqs``, ``T = normalizer.t_norm``:
@@ -352,11 +331,11 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy-gradient loss of one micro-batch (all inputs [B, T], aligned token by token).
 
-    Ratio (spec 1.2): ``rho = exp(clamp(logp_new - logp_old, -20, 20))``;
+    Ratio (docs/algorithms.md 1.2): ``rho = exp(clamp(logp_new - logp_old, -20, 20))``;
     ``l1 = -A*rho``, ``l2 = -A*clip(rho, 1-eps_low, 1+eps_high)``.
 
     - ``vanilla``: ``l = max(l1, l2)``; with ``dual_clip_c = c`` and A < 0, ``l = min(l, -A*c)``.
-    - ``clip_cov`` (spec 1.4): ``l = max(l1, l2) * corr``. With
+    - ``clip_cov`` (docs/algorithms.md 1.4): ``l = max(l1, l2) * corr``. With
       ``cov = (A - mean_v A) * (logp_new - mean_v logp_new)`` over the valid (m>0) tokens of this
       call, candidates are valid tokens not PPO-clipped (``l2 > l1`` false) with
       ``lb < cov < ub``; ``min(k, #candidates)`` of them, ``k = max(floor(r * sum(m)), 1)``, chosen
@@ -365,7 +344,7 @@ def policy_loss(
     - ``kl_cov``: the top ``k = max(1, floor(r * N_valid))`` valid tokens by cov (ties: lower flat
       index first) get ``l = l1 + kl_cov_coef * |logp_new - logp_old|``; all others ``l = l1``.
 
-    Truncated IS (spec 1.6): when ``engine_logp`` is given and ``tis_cap = C`` is set, every token
+    Truncated IS (docs/algorithms.md 1.6): when ``engine_logp`` is given and ``tis_cap = C`` is set, every token
     loss is multiplied by ``w = min(exp(logp_old - engine_logp), C)`` (detached).
 
     ``loss = agg(l) + kl_coef * agg(kl(logp_new, ref_logp)) - entropy_coef * agg(entropy)``, each

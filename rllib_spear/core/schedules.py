@@ -1,8 +1,8 @@
-"""Step schedules: SPEAR's tool-reward curriculum and SIL weight (spec 2.1, 2.3), the tool-call
-bonus, SPADER's tool-cost ramp (3.2) and a warmup-then-constant learning rate.
+"""Step schedules: SPEAR's tool-reward curriculum and SIL weight (docs/algorithms.md 2.1, 2.3), the tool-call
+bonus and SPADER's tool-cost ramp (3.2).
 
-``step`` is the global training step t (iteration), starting at 1 (spec notation), except for
-:func:`warmup_constant_lr`, which follows the optimizer-step convention of torch's LambdaLR.
+``step`` is the global training step t (iteration), starting at 1 (the notation of
+docs/algorithms.md).
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ __all__ = [
     "tool_call_bonus",
     "sil_weight",
     "spader_tool_cost",
-    "warmup_constant_lr",
 ]
 
 TOOL_REWARD_SCHEDULES = ("none", "constant", "cosine")
@@ -34,7 +33,7 @@ def _num_arg(fn: str, name: str, value: float, minimum: float = 0.0) -> float:
 
 
 def tool_reward_weight(step: int, schedule: str = "cosine", total_steps: int = 200) -> float:
-    """lambda_tool(t) of the intrinsic tool-call reward (spec 2.1).
+    """lambda_tool(t) of the intrinsic tool-call reward (docs/algorithms.md 2.1).
 
     - ``none``: 0;  ``constant``: 1;
     - ``cosine``: ``(1 + cos(pi * t / T)) / 2`` for ``t <= T``, 0 afterwards (T = total_steps).
@@ -55,7 +54,7 @@ def tool_reward_weight(step: int, schedule: str = "cosine", total_steps: int = 2
 
 
 def tool_call_bonus(num_tool_calls: int, per_call: float = 0.1, cap: float = 1.0) -> float:
-    """r_tool = ``min(per_call * N_tool, cap)`` (spec 2.1: ``min(0.1 N, 1.0)``)."""
+    """r_tool = ``min(per_call * N_tool, cap)`` (docs/algorithms.md 2.1: ``min(0.1 N, 1.0)``)."""
     fn = "tool_call_bonus"
     _int_arg(fn, "num_tool_calls", num_tool_calls, 0)
     per_call = _num_arg(fn, "per_call", per_call)
@@ -64,7 +63,7 @@ def tool_call_bonus(num_tool_calls: int, per_call: float = 0.1, cap: float = 1.0
 
 
 def sil_weight(step: int, kappa: float = 1.0, total_steps: int = 200) -> float:
-    """w_SIL(t) = ``kappa * (1 - cos(pi * t / T)) / 2`` for ``t <= T``, kappa afterwards (spec 2.3)."""
+    """w_SIL(t) = ``kappa * (1 - cos(pi * t / T)) / 2`` for ``t <= T``, kappa afterwards (docs/algorithms.md 2.3)."""
     fn = "sil_weight"
     _int_arg(fn, "step", step, 0)
     kappa = _num_arg(fn, "kappa", kappa)
@@ -76,7 +75,7 @@ def sil_weight(step: int, kappa: float = 1.0, total_steps: int = 200) -> float:
 
 def spader_tool_cost(step: int, cost: float = 0.01, free_steps: int = 100,
                      rampup_steps: int = 100) -> float:
-    """Per-query tool cost c(t) of SPADER (spec 3.2), as released (``_get_effective_cost``):
+    """Per-query tool cost c(t) of SPADER (docs/algorithms.md 3.2), as released (``_get_effective_cost``):
 
     - ``t < free_steps``: 0;
     - ``free_steps <= t < free_steps + rampup_steps``: ``cost * (t - free_steps) / rampup_steps``
@@ -94,20 +93,3 @@ def spader_tool_cost(step: int, cost: float = 0.01, free_steps: int = 100,
     if rampup_steps > 0 and elapsed < rampup_steps:
         return cost * elapsed / rampup_steps
     return cost
-
-
-def warmup_constant_lr(step: int, base_lr: float, warmup_steps: int) -> float:
-    """Linear warmup then constant (HF ``get_constant_schedule_with_warmup``, used by verl):
-    ``base_lr * step / warmup_steps`` for ``step < warmup_steps``, else ``base_lr``.
-
-    ``step`` counts optimizer steps already taken (0 for the first update, LambdaLR convention),
-    so the very first update has lr 0 exactly as in the released runs. ``warmup_steps = 0`` gives
-    ``base_lr`` throughout. SPADER: ``warmup_steps = int(0.05 * total_steps)`` (verl's ratio rule).
-    """
-    fn = "warmup_constant_lr"
-    _int_arg(fn, "step", step, 0)
-    base_lr = _num_arg(fn, "base_lr", base_lr)
-    _int_arg(fn, "warmup_steps", warmup_steps, 0)
-    if step < warmup_steps:
-        return base_lr * step / warmup_steps
-    return base_lr

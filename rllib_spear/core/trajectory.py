@@ -22,6 +22,8 @@ from typing import Any, Literal, Sequence
 import numpy as np
 import torch
 
+from .advantages import broadcast_step_advantages
+
 __all__ = ["Segment", "Trajectory", "TokenBatch", "collate_trajectories"]
 
 SegmentKind = Literal["prompt", "assistant", "observation"]
@@ -159,10 +161,7 @@ class Trajectory:
             raise ValueError(
                 f"advantage has {per_step.shape[0]} steps but the trajectory has {self.num_steps}"
             )
-        out = np.zeros(len(steps), np.float32)
-        on = steps >= 0
-        out[on] = per_step[steps[on]]
-        return out
+        return broadcast_step_advantages(steps, per_step)
 
     # ---- serialisation (replay buffer, checkpoints, Ray object store) -----------------------
     def to_dict(self) -> dict[str, Any]:

@@ -76,5 +76,8 @@ def default_paths(seed: int = 1234) -> dict[str, Path]:
     d = data_dir(seed)
     paths = {t: d / f"{t}.parquet" for t in TABLES}
     if not all(p.exists() for p in paths.values()):
+        import sys
+
+        print(f"[rllib_spear] generating the embedded datasets (seed {seed}) under {d}", file=sys.stderr, flush=True)
         generate_all(d, seed)
     return paths

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..core.filters import is_overlong
 from ..core.trajectory import Segment, Trajectory
 from ..envs.base import ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
@@ -219,7 +220,7 @@ class MultiTurnRollout:
 
     def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
         stats = dict(ep.env.episode_stats())
-        reached = ep.reached_max_length or ep.response_tokens >= self.config.max_response_tokens
+        reached = ep.reached_max_length or is_overlong(ep.response_tokens, self.config.max_response_tokens)
         info = {
             **stats,
             "turns": ep.turns,

@@ -17,7 +17,13 @@ import random
 import re
 from typing import Any
 
-__all__ = ["scripted_demonstrations"]
+__all__ = ["scripted_demonstrations", "DEMOS_VERSION"]
+
+#: Part of the name of every cold-start build (``rllib_spear.models.shipped.recipe_key``): bump it
+#: whenever a change here (or in the envs' observations) changes the conversations for the same
+#: inputs, and re-ship the builds (``python -m rllib_spear.models.sft``). The freshness tests in
+#: tests/models/test_default_policy.py fail until both are done.
+DEMOS_VERSION = 1
 
 
 def _rng(seed: int, uid: str) -> random.Random:

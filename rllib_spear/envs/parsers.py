@@ -11,7 +11,7 @@ the model). Four formats, chosen by config (``parser=...`` in ``make_env``):
                the **last** block is executed (released SPADER code); the legacy
                ``{"name": "search", "arguments": {"query_list": [...]}}`` form is accepted. Queries are
                counted over every block of the turn (a block that is not valid JSON counts as 1,
-               ALGORITHMS.md 3.2). A turn with no ``<tool_call>`` is the answer step.
+               docs/algorithms.md 3.2). A turn with no ``<tool_call>`` is the answer step.
 ``hermes``     Qwen/hermes ``<tool_call>{"name": .., "arguments": {..}}</tool_call>``; several blocks
                are parallel calls (up to ``max_calls``), each answered by its own ``<tool_response>``.
 ``code``       ReTool ``<code>```python ...```</code>`` or a bare ```` ```python ```` fence ->
@@ -67,7 +67,7 @@ class ParsedTurn:
     kind: ``"tool"`` (``calls`` to execute), ``"answer"`` (final answer, ``answer`` holds the raw
     text inside the answer tag or None if missing), or ``"invalid"`` (``error`` says why; the
     environment shows it and the episode goes on). ``num_queries`` is the per-step query count
-    (ALGORITHMS.md 3.2). ``notes`` are short remarks appended to the observation.
+    (docs/algorithms.md 3.2). ``notes`` are short remarks appended to the observation.
     """
 
     kind: str

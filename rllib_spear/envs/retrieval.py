@@ -19,13 +19,15 @@ error observation instead of raising.
 
 Budget: :func:`truncate_round_robin` keeps documents in the order rank 1 of every query, then rank
 2, ... while the formatted total stays within ``max_chars``, and stops at the first document that
-does not fit (released SPADER server, ALGORITHMS.md 3.4).
+does not fit (released SPADER server, docs/algorithms.md 3.4).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
+import sys
 import threading
 import time
 import urllib.error
@@ -40,6 +42,8 @@ __all__ = [
     "Passage",
     "load_corpus",
     "BM25Retriever",
+    "top_k_indices",
+    "file_sha256",
     "HTTPRetriever",
     "get_retriever",
     "cache_root",
@@ -47,6 +51,9 @@ __all__ = [
     "format_search_results",
     "TRUNCATION_NOTE",
 ]
+
+#: Corpora at least this large print a line and progress bars while their index is built.
+_BIG_CORPUS = 100_000
 
 TRUNCATION_NOTE = "System Note: Retrieval results truncated at {max_chars} characters."
 
@@ -89,7 +96,8 @@ def load_corpus(path: str | os.PathLike) -> tuple[list[str], list[str], list[str
     return cols["id"], cols["title"], cols["text"]
 
 
-def _file_digest(path: str) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -109,7 +117,7 @@ class BM25Retriever:
         params = {"k1": k1, "b": b, "method": method, "stopwords": "en", "bm25s": bm25s.__version__,
                   "fmt": 1}
         key = hashlib.sha256(
-            (_file_digest(self.corpus_path) + json.dumps(params, sort_keys=True)).encode()
+            (file_sha256(self.corpus_path) + json.dumps(params, sort_keys=True)).encode()
         ).hexdigest()[:20]
         root = Path(cache_dir) if cache_dir else cache_root() / "bm25"
         self.index_dir = root / key
@@ -122,22 +130,24 @@ class BM25Retriever:
             except Exception:  # noqa: BLE001 - a broken cache entry is rebuilt
                 pass
         docs = [f"{t}\n{x}" if t else x for t, x in zip(self.titles, self.texts)]
-        toks = bm25s.tokenize(docs, stopwords=self._stopwords, show_progress=False)
+        # a Wikipedia-sized corpus takes minutes: say so and show bm25s's own progress bars
+        big = len(docs) >= _BIG_CORPUS
+        if big:
+            print(f"[rllib_spear] building the BM25 index of {len(docs)} passages of {self.corpus_path} "
+                  f"(cached under {self.index_dir})", file=sys.stderr, flush=True)
+        toks = bm25s.tokenize(docs, stopwords=self._stopwords, show_progress=big)
         self._bm25 = bm25s.BM25(k1=k1, b=b, method=method)
-        self._bm25.index(toks, show_progress=False)
+        self._bm25.index(toks, show_progress=big)
         self.built = True
         tmp = root / f".{key}.tmp.{os.getpid()}.{threading.get_ident()}"
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             self._bm25.save(str(tmp), show_progress=False)
-            try:
-                os.replace(tmp, self.index_dir)
-            except OSError:  # another process won the race: keep theirs
-                import shutil
-
-                shutil.rmtree(tmp, ignore_errors=True)
+            os.replace(tmp, self.index_dir)
         except OSError:
-            pass  # read-only cache: keep the in-memory index
+            pass  # read-only cache, or another process won the race: keep the in-memory index
+        finally:  # also on Ctrl-C: no half-written index folder is left behind
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -158,13 +168,28 @@ class BM25Retriever:
         if not ids or top_k <= 0:
             return []
         scores = self._bm25.get_scores_from_ids(ids)
-        k = min(top_k, len(scores))
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.lexsort((top, -scores[top]))]  # score desc, ties by index: deterministic
+        top = top_k_indices(scores, top_k)
         return [(self.passage(int(i)), float(scores[i])) for i in top if scores[i] > 0]
 
     def batch_search(self, queries: Sequence[str], top_k: int = 5) -> list[list[Passage]]:
         return [[p for p, _ in self.search(q, top_k)] for q in queries]
+
+
+def top_k_indices(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` highest ``scores``, score descending, equal scores by index ascending.
+
+    The same on every machine: ``np.argpartition`` alone chooses among scores tied with the k-th
+    by its CPU-specific SIMD kernel (AVX2 and AVX-512 machines returned different passages for
+    most queries of the embedded task, whose BM25 scores tie often), so it only finds the k-th
+    score here; every index scoring at least that is a candidate, and the candidates are ordered
+    by (-score, index). O(n) plus a sort of the candidates."""
+    n = len(scores)
+    k = min(int(k), n)
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    kth = np.partition(scores, n - k)[n - k]  # a value: the same whatever the kernel
+    cand = np.flatnonzero(scores >= kth)
+    return cand[np.lexsort((cand, -scores[cand]))][:k]
 
 
 class HTTPRetriever:

@@ -3,7 +3,7 @@
 
 Both run the same search tool (BM25 over the embedded fictional corpus by default, or any parquet
 corpus, or an HTTP ``/retrieve`` server), with ``top_k`` passages per query and the combined
-output of one call cut to ``max_chars`` round-robin by rank (ALGORITHMS.md 3.4).
+output of one call cut to ``max_chars`` round-robin by rank (docs/algorithms.md 3.4).
 
 search_qa (default parser ``search_r1``): reward on the answer step = EM of the ``<answer>``
 against ``golden_answers`` after standard normalisation (``reward="em"``, Search-R1), or token F1
@@ -17,7 +17,7 @@ also work): reward on the answer step =
 ``<think>`` nesting or the answer is missing / not a JSON list of strings. The per-step diversity
 reward and the tool cost are computed by SPADER from the stats: ``found_entities_per_step``
 (indices into ``dedupe_gold_entities(answers)`` of every gold entity whose normalised alias is a
-substring (``entity_match="substring"``, ALGORITHMS.md 3.2) or whole-word match
+substring (``entity_match="substring"``, docs/algorithms.md 3.2) or whole-word match
 (``entity_match="word"``) of that step's normalised tool output; the answer step gets ``[]``),
 ``queries_per_step`` and ``num_gold_entities``. Stats add ``precision``, ``recall``, ``f1``.
 

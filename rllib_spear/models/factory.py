@@ -23,6 +23,7 @@ __all__ = [
     "conversation_texts",
     "default_cache_dir",
     "atomic_build_dir",
+    "progress_bar",
 ]
 
 
@@ -47,6 +48,19 @@ def warmup_cosine(optimizer, total: int, warm: int):
         optimizer,
         lambda s: (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm))),
     )
+
+
+def progress_bar(total: int, desc: str):
+    """A tqdm bar on stderr for a long build step (a model build runs before logging is set up and
+    inside Ray actors, whose stderr reaches the driver). Redraws at most every 2 s on a terminal
+    and every 15 s elsewhere (CI logs, Ray actors), so a log does not flood."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    interval = 2.0 if sys.stderr.isatty() else 15.0
+    return tqdm(total=total, desc=f"[rllib_spear] {desc}", file=sys.stderr, mininterval=interval,
+                maxinterval=max(interval, 10.0), dynamic_ncols=True, leave=True)
 
 
 def default_cache_dir() -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .factory import atomic_build_dir, hash_dir, warmup_cosine
+from .factory import atomic_build_dir, hash_dir, progress_bar, warmup_cosine
 
 __all__ = ["copy_pretrain", "copy_sequences", "copy_accuracy"]
 
@@ -96,6 +96,7 @@ def copy_pretrain(
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
         sched = warmup_cosine(opt, steps, warm)
         half = seq_len // 2
+        bar = progress_bar(steps, "copy pre-training")
         for _ in range(steps):
             ids = copy_sequences(vocab, batch_size, seq_len, rng)
             logits = model(input_ids=ids, use_cache=False).logits
@@ -108,6 +109,9 @@ def copy_pretrain(
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+        bar.close()
         model.eval()
         with atomic_build_dir(final) as tmp:
             model.save_pretrained(tmp)

@@ -4,7 +4,7 @@
     model_path (str, required): a ``save_pretrained`` folder, "embedded" for the project's
         default policy (``default_policy_path``), or "embedded:<task>" for that policy fine-tuned
         on another embedded task's demonstrations (``task_policy_path``).
-    dtype (str): "float32" (default), "bfloat16", "float16".
+    dtype (str): "float32" (default), "bfloat16"/"bf16", "float16"/"fp16" (``models.dtypes``).
     lora (dict | None): ``peft.LoraConfig`` kwargs (e.g. ``{"r": 8, "lora_alpha": 16,
         "target_modules": ["q_proj", "v_proj"]}``); only the adapters train.
     gradient_checkpointing (bool): activation checkpointing in the transformer body.
@@ -39,18 +39,10 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
+from .dtypes import torch_dtype
 from .logprobs import token_logprobs
 
 __all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "resolve_model_path"]
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _dtype(x) -> torch.dtype:
-    if isinstance(x, torch.dtype):
-        return x
-    return _DTYPES[str(x).replace("torch.", "")]
-
 
 def resolve_model_path(path: str) -> str:
     """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
@@ -78,7 +70,7 @@ class HFCausalLMRLModule(TorchRLModule):
         self._temperature = float(cfg.get("temperature", 1.0))
         self._compute_entropy = bool(cfg.get("compute_entropy", True))
         path = resolve_model_path(str(cfg["model_path"]))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_dtype(cfg.get("dtype", "float32")))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.get("dtype", "float32")))
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         lora = cfg.get("lora")
         self._is_lora = bool(lora) and not self.inference_only

@@ -16,17 +16,20 @@ import logging
 import math
 import os
 import random
-import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from .factory import atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir, hash_dir, warmup_cosine
+from .factory import (atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir, hash_dir,
+                      progress_bar, warmup_cosine)
+from .shipped import SHIPPED_POLICIES, copy_shipped, data_hash, find_shipped, recipe_key, ship_build
 from .tokenizer import assistant_token_mask
 
 __all__ = ["cold_start_sft", "default_policy_path", "task_policy_path", "task_policy_env_config", "sft_examples",
+           "default_policy_key", "task_policy_key", "default_policy_data_hash", "task_policy_data_hash",
            "DEFAULT_POLICY_RECIPE", "TASK_POLICY_RECIPE", "TASK_POLICY_OVERRIDES"]
 
 logger = logging.getLogger(__name__)
@@ -125,6 +128,7 @@ def cold_start_sft(
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
         sched = warmup_cosine(opt, total, warm)
         step = 0
+        bar = progress_bar(total, f"SFT ({len(data)} conversations, {epochs} epochs)")
         for ep in range(epochs):
             for b in batches():
                 T = max(len(data[i][0]) for i in b)
@@ -146,8 +150,11 @@ def cold_start_sft(
                 opt.step()
                 sched.step()
                 step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
                 if log_every and step % log_every == 0:
                     logger.info("sft step %d/%d epoch %d loss %.4f", step, total, ep, loss.item())
+        bar.close()
         model.eval()
         with atomic_build_dir(final) as tmp:
             model.save_pretrained(tmp)
@@ -235,8 +242,11 @@ def reading_conversations(recipe: dict, root: Path) -> list[list[dict]]:
         corpus = folder / f"corpus-{seed}.parquet"
         if not corpus.exists():
             tmp = corpus.with_suffix(".tmp%d" % os.getpid())
-            pd.DataFrame(corpus_rows(world)).to_parquet(tmp)
-            os.replace(tmp, corpus)
+            try:
+                pd.DataFrame(corpus_rows(world)).to_parquet(tmp)
+                os.replace(tmp, corpus)
+            finally:  # an interrupted write leaves no partial file behind
+                tmp.unlink(missing_ok=True)
         convs += envs.scripted_demonstrations(
             recipe["task"], rows_of(world, seed=seed), tool_use_rate=1.0, seed=100 + k,
             env_config={**(recipe.get("env_config") or {}), "corpus_path": str(corpus)},
@@ -262,26 +272,34 @@ def _default_task_data(recipe: dict) -> tuple[list[list[dict]], list[str]]:
     return convs, texts
 
 
-#: Built default policies shipped with the package, one folder per recipe key.
-SHIPPED_POLICIES = Path(__file__).resolve().parent.parent / "assets"
+def _say(message: str) -> None:
+    """One progress line on stderr (builds run before any logging is configured, and in Ray
+    actors whose stderr reaches the driver's console)."""
+    print(f"[rllib_spear] {message}", file=sys.stderr, flush=True)
 
-_SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                  "tokenizer_config.json", "chat_template.jinja", "sft_meta.json")
 
-
-def default_policy_key(recipe: dict | None = None, *, task: str | None = None) -> str:
-    """The cache key of a default-policy build: a hash of the recipe and of the data it trains on."""
+def _default_recipe(recipe: dict | None, task: str | None) -> dict:
     recipe = dict(DEFAULT_POLICY_RECIPE if recipe is None else recipe)
     if task is not None:
         recipe["task"] = task
-    return _recipe_key(recipe, *_default_task_data(recipe))
+    return recipe
 
 
-def _recipe_key(recipe: dict, convs: list, corpus: list) -> str:
-    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-    h.update(json.dumps(convs, sort_keys=True).encode())
-    h.update(json.dumps(corpus, sort_keys=True).encode())
-    return h.hexdigest()[:16]
+def default_policy_key(recipe: dict | None = None, *, task: str | None = None) -> str:
+    """The name of a default-policy build: :func:`rllib_spear.models.shipped.recipe_key` of the
+    recipe and the data/demonstration versions. Cheap and machine-independent (no data replay)."""
+    return recipe_key("default-policy", _default_recipe(recipe, task))
+
+
+def default_policy_data_hash(recipe: dict | None = None, cache_dir: str | os.PathLike | None = None, *,
+                             task: str | None = None) -> str:
+    """:func:`rllib_spear.models.shipped.data_hash` of everything a default-policy build trains on
+    (the task's demonstrations, the corpus texts of its tokenizer, the reading conversations),
+    regenerated now: compare with a shipped build's ``manifest.json`` to see if it is fresh."""
+    recipe = _default_recipe(recipe, task)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    convs, corpus = _default_task_data(recipe)
+    return data_hash(convs, corpus, reading_conversations(recipe, root))
 
 
 def default_policy_path(
@@ -292,21 +310,30 @@ def default_policy_path(
     other worlds, then cold-start SFT on the scripted demonstrations of ``task`` (default
     "search_qa"; any env name that ``rllib_spear.envs.scripted_demonstrations`` knows).
 
-    Cached under ``cache_dir`` (default ``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``), keyed
-    by the recipe and the data. A build of the default recipe ships with the package
-    (``rllib_spear/assets``: ~12 min on 2 idle cores to rebuild); it is copied into the cache unless
-    ``build=True`` or ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``, which build from scratch."""
-    recipe = dict(DEFAULT_POLICY_RECIPE if recipe is None else recipe)
-    if task is not None:
-        recipe["task"] = task
+    Cached under ``cache_dir`` (default ``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``) by
+    :func:`default_policy_key`. A build of the default recipe ships with the package
+    (``rllib_spear/assets``, found by its manifest: a hash and a file read); it is copied into the
+    cache unless ``build=True`` or ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``, which build from
+    scratch (~12 min on 2 idle cores, with progress on stderr)."""
+    recipe = _default_recipe(recipe, task)
+    kind = "default-policy"
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    convs, corpus = _default_task_data(recipe)
-    key = _recipe_key(recipe, convs, corpus)
-    pointer = root / f"default-policy-{key}.json"
-    found = _cached_or_shipped(pointer, f"default-policy-{key}", root / f"sft-shipped-{key}", build)
+    key = recipe_key(kind, recipe)
+    found = _cached_or_shipped(root, kind, key, build)
     if found:
         return found
-    base = root / f"default-base-{key}"
+    _say(f"embedded default policy, recipe key {key}: "
+         + ("build asked for" if _build_asked(build) else "no shipped or cached build")
+         + "; replaying its demonstrations")
+    convs, corpus = _default_task_data(recipe)
+    reading = reading_conversations(recipe, root)
+    trained_on = data_hash(convs, corpus, reading)
+    found = _built(root, kind, key, trained_on)
+    if found:
+        return found
+    _say(f"building it under {root} (~12 min on 2 cores)")
+    _say("stage 1/4: the tokenizer and the initial model")
+    base = root / f"default-base-{key}-{trained_on}"
     if not (base / "config.json").exists():
         texts = list(corpus) + conversation_texts(convs)
         with atomic_build_dir(base) as tmp:
@@ -319,10 +346,9 @@ def default_policy_path(
     if recipe.get("copy_pretrain"):
         from .pretrain import copy_pretrain
 
+        _say("stage 2/4: copy pre-training")
         start = Path(copy_pretrain(base, root, **recipe["copy_pretrain"]))
-    start = _reading_sft(start, reading_conversations(recipe, root), recipe, root)
-    path = cold_start_sft(start, convs, root, **recipe["sft"])
-    return _point(pointer, path)
+    return _reading_and_task_sft(start, reading, convs, recipe, root, (kind, key, trained_on), first_stage=3)
 
 
 #: A task cold start derived from the default policy (``task_policy_path``): the same tokenizer
@@ -359,20 +385,18 @@ def _task_recipe(task: str, recipe: dict | None) -> dict:
     return {**recipe, "task": task}
 
 
-def task_policy_key(task: str, recipe: dict | None = None, cache_dir: str | os.PathLike | None = None) -> str:
-    """The cache key of a task cold start: a hash of its recipe, of the default policy's key and of
-    every demonstration it trains on."""
+def task_policy_key(task: str, recipe: dict | None = None) -> str:
+    """The name of a task cold-start build: :func:`rllib_spear.models.shipped.recipe_key` of its
+    recipe, the data/demonstration versions and the default policy's key (cheap, no data replay)."""
+    return recipe_key(f"task-policy-{task}", _task_recipe(task, recipe), default_policy_key())
+
+
+def task_policy_data_hash(task: str, recipe: dict | None = None, cache_dir: str | os.PathLike | None = None) -> str:
+    """:func:`rllib_spear.models.shipped.data_hash` of what a task cold start trains on (its reading
+    conversations and task demonstrations), regenerated now (see ``default_policy_data_hash``)."""
     recipe = _task_recipe(task, recipe)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return _task_key(recipe, reading_conversations(recipe, root), _task_conversations(recipe))
-
-
-def _task_key(recipe: dict, reading: list, convs: list) -> str:
-    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
-    h.update(default_policy_key().encode())
-    h.update(json.dumps(reading, sort_keys=True).encode())
-    h.update(json.dumps(convs, sort_keys=True).encode())
-    return h.hexdigest()[:16]
+    return data_hash(reading_conversations(recipe, root), _task_conversations(recipe))
 
 
 def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, recipe: dict | None = None,
@@ -386,22 +410,44 @@ def task_policy_path(task: str, cache_dir: str | os.PathLike | None = None, *, r
     and adds the task's format. "search_qa" returns the default policy itself. ``recipe``
     replaces ``TASK_POLICY_RECIPE`` updated with ``TASK_POLICY_OVERRIDES[task]``.
 
-    Cached like ``default_policy_path``; builds of the default recipes ship with the package
-    (``rllib_spear/assets/task-policy-<task>-<key>``) and are copied unless ``build=True`` or
-    ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1`` (multi_answer_search: ~9 min on 2 cores to rebuild)."""
+    Cached and shipped like ``default_policy_path`` (``rllib_spear/assets/task-policy-<task>-<key>``,
+    by :func:`task_policy_key`); ``build=True`` or ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1`` build
+    from scratch (multi_answer_search: ~9 min on 2 cores)."""
     if task == "search_qa":
         return default_policy_path(cache_dir, build=build)
     recipe = _task_recipe(task, recipe)
+    kind = f"task-policy-{task}"
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    reading = reading_conversations(recipe, root)
-    convs = _task_conversations(recipe)
-    key = _task_key(recipe, reading, convs)
-    pointer = root / f"task-policy-{task}-{key}.json"
-    found = _cached_or_shipped(pointer, f"task-policy-{task}-{key}", root / f"sft-shipped-{task}-{key}", build)
+    key = task_policy_key(task, recipe)
+    found = _cached_or_shipped(root, kind, key, build)
     if found:
         return found
-    start = _reading_sft(default_policy_path(cache_dir, build=build), reading, recipe, root)
-    return _point(pointer, cold_start_sft(start, convs, root, **recipe["sft"]))
+    start = default_policy_path(cache_dir, build=build)
+    _say(f"{task} cold start, recipe key {key}: "
+         + ("build asked for" if _build_asked(build) else "no shipped or cached build")
+         + "; replaying its demonstrations")
+    reading = reading_conversations(recipe, root)
+    convs = _task_conversations(recipe)
+    trained_on = data_hash(reading, convs)
+    found = _built(root, kind, key, trained_on)
+    if found:
+        return found
+    _say(f"building it under {root} (~9 min on 2 cores)")
+    return _reading_and_task_sft(start, reading, convs, recipe, root, (kind, key, trained_on), first_stage=1)
+
+
+def _reading_and_task_sft(start: str | Path, reading: list, convs: list, recipe: dict, root: Path,
+                          build: tuple[str, str, str], first_stage: int) -> str:
+    """The last two stages of a build: reading (if the recipe has one), then the task SFT; the
+    result is recorded in the cache as the build of ``build = (kind, key, trained_on)``."""
+    kind, key, trained_on = build
+    last = first_stage + 1
+    _say(f"stage {first_stage}/{last}: reading on {len(reading)} conversations of other worlds")
+    start = _reading_sft(start, reading, recipe, root)
+    _say(f"stage {last}/{last}: cold-start SFT on {len(convs)} task demonstrations")
+    path = cold_start_sft(start, convs, root, **recipe["sft"])
+    _say(f"{kind} built: {path}")
+    return _point(root, kind, key, path, source="built", trained_on=trained_on)
 
 
 def _reading_sft(start: str | Path, reading: list, recipe: dict, root: Path) -> str | Path:
@@ -413,51 +459,63 @@ def _reading_sft(start: str | Path, reading: list, recipe: dict, root: Path) -> 
     return cold_start_sft(start, reading, root, **params)
 
 
-def _cached_or_shipped(pointer: Path, shipped_name: str, copy_to: Path, build: bool) -> str | None:
-    """The build ``pointer`` names if it is complete; else, unless ``build`` (or
-    ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``), the shipped build ``SHIPPED_POLICIES/shipped_name``
-    copied to ``copy_to`` (and pointed to); else None: build it."""
-    if pointer.exists():
-        path = json.loads(pointer.read_text())["path"]
-        if (Path(path) / "DONE").exists():
-            return path
-    shipped = SHIPPED_POLICIES / shipped_name
-    if build or os.environ.get("RLLIB_SPEAR_BUILD_DEFAULT_POLICY") == "1" or not (shipped / "model.safetensors").exists():
+def _build_asked(build: bool) -> bool:
+    return build or os.environ.get("RLLIB_SPEAR_BUILD_DEFAULT_POLICY") == "1"
+
+
+def _pointer(root: Path, kind: str, key: str) -> dict | None:
+    """The cache's record of the build of (kind, key), if it names a complete folder."""
+    try:
+        record = json.loads((root / f"{kind}-{key}.json").read_text())
+    except (OSError, ValueError):
         return None
-    if not (copy_to / "DONE").exists():
-        with atomic_build_dir(copy_to) as tmp:
-            for name in _SHIPPED_FILES:
-                if (shipped / name).exists():
-                    shutil.copy2(shipped / name, tmp / name)
-            (tmp / "DONE").write_text("ok\n")
-    return _point(pointer, str(copy_to))
+    if not isinstance(record, dict) or not (Path(record.get("path", "")) / "DONE").exists():
+        return None
+    return record
 
 
-def _point(pointer: Path, path: str) -> str:
+def _cached_or_shipped(root: Path, kind: str, key: str, build: bool) -> str | None:
+    """Without ``build`` (or ``$RLLIB_SPEAR_BUILD_DEFAULT_POLICY=1``): the cached build of
+    (kind, key), else the shipped one copied into the cache; None when neither exists (build it).
+    With ``build``: None (the caller builds, reusing a cached build of the same data: ``_built``)."""
+    if _build_asked(build):
+        return None
+    record = _pointer(root, kind, key)
+    if record is not None:
+        return record["path"]
+    shipped = find_shipped(kind, key)
+    if shipped is None:
+        return None
+    folder, manifest = shipped
+    dest = copy_shipped(folder, manifest, root / f"sft-shipped-{kind}-{key}")
+    return _point(root, kind, key, str(dest), source="shipped", trained_on=manifest.get("data_hash"))
+
+
+def _built(root: Path, kind: str, key: str, trained_on: str) -> str | None:
+    """A build of (kind, key) made here from the very data ``trained_on`` hashes, if cached."""
+    record = _pointer(root, kind, key)
+    if record is not None and record.get("source") == "built" and record.get("trained_on") == trained_on:
+        return record["path"]
+    return None
+
+
+def _point(root: Path, kind: str, key: str, path: str, *, source: str, trained_on: str | None) -> str:
+    pointer = root / f"{kind}-{key}.json"
     pointer.parent.mkdir(parents=True, exist_ok=True)
     tmp_ptr = pointer.with_suffix(".tmp%d" % os.getpid())
-    tmp_ptr.write_text(json.dumps({"path": path}))
+    tmp_ptr.write_text(json.dumps({"path": path, "source": source, "trained_on": trained_on}))
     os.replace(tmp_ptr, pointer)
     return path
 
 
-def _ship(path: Path, dest: Path, pattern: str) -> Path:
-    for old in SHIPPED_POLICIES.glob(pattern):
-        if old != dest:
-            shutil.rmtree(old)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in _SHIPPED_FILES:
-        if (path / name).exists():
-            shutil.copy2(path / name, dest / name)
-    return dest
-
-
 def ship_default_policy(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build the default recipe from scratch (or take the cached build) and copy it into
-    ``SHIPPED_POLICIES``, replacing older shipped builds. Run ``python -m rllib_spear.models.sft``
-    after changing the recipe or the embedded data."""
+    """Build the default recipe from scratch (or take this cache's build of the same data) and
+    copy it with its manifest into ``SHIPPED_POLICIES``, replacing older shipped builds. Run
+    ``python -m rllib_spear.models.sft`` after changing the recipe or the embedded data, and
+    bump ``DATA_VERSION`` / ``DEMOS_VERSION`` when the generators or the demonstrations change."""
     path = Path(default_policy_path(cache_dir, build=True))
-    return _ship(path, SHIPPED_POLICIES / f"default-policy-{default_policy_key()}", "default-policy-*")
+    return ship_build(path, "default-policy", default_policy_key(), DEFAULT_POLICY_RECIPE,
+                      default_policy_data_hash(cache_dir=cache_dir))
 
 
 #: Task cold starts that ship with the package (``python -m rllib_spear.models.sft`` rebuilds them).
@@ -467,8 +525,8 @@ SHIPPED_TASKS = ("multi_answer_search",)
 def ship_task_policy(task: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Like ``ship_default_policy`` for ``task_policy_path(task)`` (run it after the default policy)."""
     path = Path(task_policy_path(task, cache_dir, build=True))
-    return _ship(path, SHIPPED_POLICIES / f"task-policy-{task}-{task_policy_key(task, cache_dir=cache_dir)}",
-                 f"task-policy-{task}-*")
+    return ship_build(path, f"task-policy-{task}", task_policy_key(task), _task_recipe(task, None),
+                      task_policy_data_hash(task, cache_dir=cache_dir))
 
 
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from .dtypes import torch_dtype
 from .factory import atomic_build_dir, default_cache_dir
 
 __all__ = ["smollm2_gguf_path", "smollm2_path", "SMOLLM2_GGUF"]
@@ -65,7 +66,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None, *, dtype: str = "fl
     missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"SmolLM2 conversion: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model = model.to({"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype])
+    model = model.to(torch_dtype(dtype))
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     with atomic_build_dir(final) as tmp:

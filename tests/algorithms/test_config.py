@@ -97,3 +97,60 @@ def test_embedded_task_cold_start_with_another_call_format_warns(caplog):
         config(task_policy_env_config("multi_answer_search")).validate()
         SPADERConfig().rl_module(model_config={"model_path": "/some/model"}).validate()
     assert "parser" not in caplog.text
+
+
+@pytest.mark.parametrize("cls, kwargs, key", [
+    (GRPOConfig, {"clip_cov_ratio": 0}, "clip_cov_ratio"),  # used to fail in the learner's first update
+    (SPEARConfig, {"clip_cov_ratio": 0}, "clip_cov_ratio"),
+    (SPEARConfig, {"replay_clip_cov_ratio": 0}, "replay_clip_cov_ratio"),
+    (SPEARConfig, {"replay_clip_cov_lb": 70.0}, "replay_clip_cov_ub"),
+    (SPEARConfig, {"kl_coeff": -1.0}, "kl_coeff"),
+    (SPEARConfig, {"kl_estimator": "k2"}, "kl_estimator"),
+    (SPEARConfig, {"clip_ratio_low": 1.0}, "clip_ratio_low"),
+    (DrBoTConfig, {"kl_cov_ratio": 2.0}, "kl_cov_ratio"),
+    (SPEARConfig, {"tis_cap": -1.0}, "tis_cap"),
+])
+def test_validate_runs_the_core_loss_checks_on_both_losses(cls, kwargs, key):
+    """validate() checks with the core PolicyLossConfig.validate() (on-policy and replay loss), and
+    the message names the training() kwarg to change."""
+    cfg = cls().training(**kwargs).rl_module(model_config={"model_path": "/m"})
+    with pytest.raises(ValueError, match=f"`{key}`"):
+        cfg.validate()
+
+
+def test_tis_cap_can_be_switched_off_on_every_engine():
+    for engine in ("hf", "vllm"):
+        cfg = SPEARConfig().env_runners(engine=engine).training(tis_cap=0).rl_module(model_config={"model_path": "/m"})
+        cfg.validate()
+        assert cfg.policy_loss_config().tis_cap is None
+    auto = SPEARConfig().env_runners(engine="vllm")
+    assert auto.policy_loss_config().tis_cap == 2.0 and auto.policy_loss_config(replay=True).tis_cap is None
+    assert SPEARConfig().policy_loss_config().tis_cap is None
+
+
+def test_one_dtype_table_for_learner_and_engines():
+    import torch
+
+    from rllib_spear.env_runners.engines import hf_engine
+    from rllib_spear.models import dtypes, rl_module
+
+    for name in ("bf16", "bfloat16", "torch.bfloat16", "BF16"):
+        assert dtypes.torch_dtype(name) is torch.bfloat16 and dtypes.dtype_name(name) == "bfloat16"
+    assert dtypes.torch_dtype("fp32") is torch.float32 and dtypes.dtype_name("half") == "float16"
+    # the learner's module and the engines resolve through the same function
+    assert rl_module.torch_dtype is dtypes.torch_dtype and hf_engine.torch_dtype is dtypes.torch_dtype
+    with pytest.raises(ValueError, match="bfloat16"):
+        dtypes.torch_dtype("int8")
+    SPEARConfig().rl_module(model_config={"model_path": "/m", "dtype": "bf16"}).validate()
+    with pytest.raises(ValueError, match="model_config\\['dtype'\\]"):
+        SPEARConfig().rl_module(model_config={"model_path": "/m", "dtype": "fp8"}).validate()
+
+
+def test_rl_module_loads_bf16_by_its_short_name(tmp_path):
+    import torch
+
+    from rllib_spear.models.factory import tiny_model_path
+    from rllib_spear.models.rl_module import HFCausalLMRLModule
+
+    module = HFCausalLMRLModule(model_config={"model_path": tiny_model_path(tmp_path), "dtype": "bf16"})
+    assert next(module.model.parameters()).dtype is torch.bfloat16

@@ -1,4 +1,4 @@
-"""SPEAR self-imitation replay buffer: hand-computed, scripted sequences (ALGORITHMS.md 2.2)."""
+"""SPEAR self-imitation replay buffer: hand-computed, scripted sequences (docs/algorithms.md 2.2)."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +7,6 @@ import math
 import pickle
 
 import pytest
-from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
 
 from rllib_spear.algorithms.spear.sil_buffer import (
     SILReplayBuffer,
@@ -232,31 +231,24 @@ def test_continuous_mode_samples_every_step_without_clearing():
 # ---- scripted sequence and order of operations -------------------------------------------------
 def test_scripted_sequence_order_of_operations():
     buf = SILReplayBuffer(capacity=2, tolerate_steps=1, seed=7)  # burst when > 3 above b = 0
+
+    def step_update(step, trajs, adv, means, stds):  # SPEAR: (a) replay_rows, (b)+(c) after_update
+        replay = buf.sample_replay(step)
+        buf.add_batch(trajs, adv, step, means, stds)
+        return replay
+
     s1 = [traj(1.0), traj(1.0)]
-    assert buf.step_update(1, s1, [1, 1], [0.0], [1.0]) == []
-    assert buf.step_update(2, [traj(1.0)], [1], [0.0], [1.0]) == []  # 3 above: not > 3
+    assert step_update(1, s1, [1, 1], [0.0], [1.0]) == []
+    assert step_update(2, [traj(1.0)], [1], [0.0], [1.0]) == []  # 3 above: not > 3
     assert len(buf) == 3
     s3 = [traj(1.0), traj(1.0), traj(1.0)]
-    assert buf.step_update(3, s3, [1, 1, 1], [0.0], [1.0]) == []  # sampled at 3 entries
+    assert step_update(3, s3, [1, 1, 1], [0.0], [1.0]) == []  # sampled at 3 entries
     assert [s for *_, s in buf.entries] == [2, 3, 3, 3]  # step 1 evicted (age 2 > 1)
     s4 = [traj(1.0)]
-    replay = buf.step_update(4, s4, [1], [0.0], [1.0])  # (a) before (c): replays steps 2-3 only
+    replay = step_update(4, s4, [1], [0.0], [1.0])  # (a) before (c): replays steps 2-3 only
     assert len(replay) == 2
     assert s4[0].traj_id not in ids(replay)
     assert ids(buf.entries) == [s4[0].traj_id]  # cleared, then step 4 added
-
-
-def test_replay_interface_adapters():
-    buf = SILReplayBuffer(capacity=1, seed=0)
-    assert isinstance(buf, ReplayBufferInterface)
-    ts = [traj(1.0), traj(1.0)]
-    buf.add({"trajectories": ts, "advantages": [1.0, 1.0], "step": 1,
-             "group_means": [0.0], "group_stds": [0.0]})
-    assert len(buf) == 2
-    out = buf.sample(step=2)
-    assert len(out) == 1 and len(buf) == 0
-    buf.add([traj(1.0)], advantages=[1.0], step=2)  # group stats computed by uid
-    assert buf.baseline_history[-1][1:] == ([1.0], [0.0])
 
 
 def test_default_group_stats_by_uid():

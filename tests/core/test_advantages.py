@@ -1,4 +1,4 @@
-"""Hand-computed checks of rllib_spear.core.advantages (spec 1.1, 3.3)."""
+"""Hand-computed checks of rllib_spear.core.advantages (docs/algorithms.md 1.1, 3.3)."""
 import math
 
 import numpy as np
@@ -129,7 +129,8 @@ def test_spa_padded_steps_count_as_zero_population_variance():
 
 
 def test_spa_worked_example_from_notes():
-    # notes/spader.md section 3: A = [0.385, 0.5], B = [0.385, 1.25, 0.6], C = [0.385, 1.25, 0.8]
+    # docs/algorithms.md 3.3, worked example: A = [0.385, 0.5], B = [0.385, 1.25, 0.6],
+    # C = [0.385, 1.25, 0.8]
     # gamma 0.9 -> step 0 advantages about -1.41, +0.57, +0.84; step 2: B +0.39, C +0.98
     adv = step_peer_advantages([[0.385, 0.5], [0.385, 1.25, 0.6], [0.385, 1.25, 0.8]], [1, 1, 1])
     assert [round(a[0], 2) for a in adv] == [-1.41, 0.57, 0.84]

@@ -79,3 +79,10 @@ def test_set_prf_empty():
     assert set_precision_recall_f1(["a"], []) == (0.0, 0.0, 0.0)
     assert set_precision_recall_f1(["", "—"], [["a"]]) == (0.0, 0.0, 0.0)
     assert set_precision_recall_f1(["x"], [["a"]]) == (0.0, 0.0, 0.0)
+
+
+def test_none_normalises_to_empty_and_never_matches_the_word_none():
+    assert normalize_answer(None) == ""
+    assert exact_match(None, ["none"]) == 0.0
+    assert exact_match("none", [None]) == 0.0
+    assert token_f1(None, ["none"]) == 0.0

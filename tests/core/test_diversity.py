@@ -1,4 +1,4 @@
-"""Hand-computed checks of rllib_spear.core.diversity (SPADER reward, spec 3.2)."""
+"""Hand-computed checks of rllib_spear.core.diversity (SPADER reward, docs/algorithms.md 3.2)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Checks of rllib_spear.core.filters (Dr.BoT filters, spec 1.5)."""
+"""Checks of rllib_spear.core.filters (Dr.BoT filters, docs/algorithms.md 1.5)."""
 import numpy as np
 import pytest
 

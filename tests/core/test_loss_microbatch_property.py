@@ -1,5 +1,5 @@
 """Property: with the GLOBAL normalizer, accumulating .backward() over any row-wise split into
-micro-batches gives the whole-batch loss and gradient, for every aggregation mode (spec 1.3)."""
+micro-batches gives the whole-batch loss and gradient, for every aggregation mode (docs/algorithms.md 1.3)."""
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

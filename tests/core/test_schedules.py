@@ -1,4 +1,4 @@
-"""Hand-computed checks of rllib_spear.core.schedules (spec 2.1, 2.3, 3.2, 3.4)."""
+"""Hand-computed checks of rllib_spear.core.schedules (docs/algorithms.md 2.1, 2.3, 3.2, 3.4)."""
 import math
 
 import pytest
@@ -8,7 +8,6 @@ from rllib_spear.core.schedules import (
     spader_tool_cost,
     tool_call_bonus,
     tool_reward_weight,
-    warmup_constant_lr,
 )
 
 C45 = math.cos(math.pi / 4)  # 0.70711
@@ -80,13 +79,3 @@ def test_spader_tool_cost_no_ramp():
         spader_tool_cost(5, cost=-0.01)
 
 
-def test_warmup_constant_lr():
-    assert warmup_constant_lr(0, 1e-5, 10) == 0.0
-    assert warmup_constant_lr(5, 1e-5, 10) == pytest.approx(5e-6)
-    assert warmup_constant_lr(10, 1e-5, 10) == 1e-5
-    assert warmup_constant_lr(999, 1e-5, 10) == 1e-5
-    assert warmup_constant_lr(0, 1e-6, 0) == 1e-6
-    with pytest.raises(ValueError, match="warmup_steps"):
-        warmup_constant_lr(0, 1e-6, -1)
-    with pytest.raises(ValueError, match="base_lr"):
-        warmup_constant_lr(0, float("nan"), 1)

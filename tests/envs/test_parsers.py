@@ -45,7 +45,7 @@ def test_spader_counting_and_last_block():
     p = SpaderParser()
     r = p.parse('<tool_call>["a", "b"]</tool_call> <tool_call>not json</tool_call> <tool_call>["c"]</tool_call>')
     assert r.kind == "tool" and r.calls[0].arguments["queries"] == ["c"]
-    assert r.num_queries == 2 + 1 + 1  # a non-JSON block counts as 1 (ALGORITHMS.md 3.2)
+    assert r.num_queries == 2 + 1 + 1  # a non-JSON block counts as 1 (docs/algorithms.md 3.2)
     assert r.notes
     r = p.parse('<tool_call>["a"]</tool_call><tool_call>{oops</tool_call>')
     assert r.kind == "invalid" and r.num_queries == 2

@@ -2,7 +2,7 @@
 
 Builder-style, as in RLlib: ``GRPOConfig().environment("search_qa").env_runners(engine="hf",
 temperature=1.0).training(group_size=8, clip_ratio_high=0.28).rl_module(model_config={...})``.
-Every knob of ALGORITHMS.md sections 1 and 2 is a ``training()`` kwarg; ``validate()`` names the
+Every knob of docs/algorithms.md sections 1 and 2 is a ``training()`` kwarg; ``validate()`` names the
 key and the fix for every bad value.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+from ray.util import log_once
 
 from ...core.losses import PolicyLossConfig
 
@@ -24,8 +25,6 @@ PLACEHOLDER_ACTION_SPACE = gym.spaces.Discrete(2)
 
 EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (models.default_policy_path)
 
-_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-_LOSS_MODES = ("vanilla", "clip_cov", "kl_cov")
 _FILTERS = ("overlong", "incomplete", "repetitive", "unreadable")
 
 # training() kwargs owned by this config (name -> default). Kept in one table so that
@@ -49,7 +48,7 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "clip_cov_ub": 5.0,
     "kl_cov_ratio": 2e-4,
     "kl_cov_coef": 0.1,
-    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm)
+    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm), 0 = off
     "entropy_coeff": 0.0,
     "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
     "kl_estimator": "k3",
@@ -174,7 +173,9 @@ class GRPOConfig(AlgorithmConfig):
 
     # ------------------------------------------------------------------ derived values
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
-        """The core loss config of on-policy (or, with ``replay``, SIL) updates."""
+        """The core loss config of on-policy (or, with ``replay``, SIL) updates (not validated:
+        ``validate()`` does that, naming the ``training()`` kwargs). ``tis_cap``: None = 2.0 on
+        the vllm engine and off on hf; 0 = off on every engine."""
         tis = self.tis_cap
         if tis is None and self.engine == "vllm":
             tis = 2.0
@@ -194,6 +195,13 @@ class GRPOConfig(AlgorithmConfig):
             kl_estimator=self.kl_estimator,
             entropy_coef=self.entropy_coeff,
         )
+
+    #: PolicyLossConfig fields that a ``training()`` kwarg of another name sets.
+    _LOSS_KWARGS = {"kl_coef": "kl_coeff", "entropy_coef": "entropy_coeff"}
+
+    def policy_loss_kwargs(self, replay: bool = False) -> dict[str, str]:
+        """{PolicyLossConfig field: the training() kwarg that sets it} where the names differ."""
+        return dict(self._LOSS_KWARGS)
 
     @property
     def loss_t_norm(self) -> float:
@@ -218,6 +226,9 @@ class GRPOConfig(AlgorithmConfig):
         return {"temperature": self.temperature}
 
     def validate(self) -> None:
+        # These algorithms exist only on RLlib's new API stack: its "you are running X on the new
+        # API stack" notice (once per process: driver, every runner and learner) says nothing here.
+        log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
         err = self._value_error
 
@@ -236,27 +247,21 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("max_model_len", 16)
         pos_int("max_response_tokens")
         pos_int("lr_warmup_steps", 0)
-        if self.loss_agg_mode not in _AGG_MODES:
-            err(f"`loss_agg_mode` must be one of {_AGG_MODES}, got {self.loss_agg_mode!r}")
-        if self.loss_mode not in _LOSS_MODES:
-            err(f"`loss_mode` must be one of {_LOSS_MODES}, got {self.loss_mode!r}")
         if self.advantage_estimator not in ("grpo", "spa"):
             err(f"`advantage_estimator` must be 'grpo' or 'spa', got {self.advantage_estimator!r}")
-        for name in ("clip_ratio_low", "clip_ratio_high", "clip_cov_ratio", "kl_cov_ratio",
-                     "kl_cov_coef", "entropy_coeff", "kl_coeff", "weight_decay"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or v < 0:
-                err(f"`{name}` must be a number >= 0, got {v!r}")
-        if self.clip_ratio_low >= 1:
-            err(f"`clip_ratio_low` must be < 1 (ratio lower bound 1 - clip_ratio_low > 0), got {self.clip_ratio_low}")
-        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
-            err(f"`dual_clip_c` must be > 1 or None, got {self.dual_clip_c!r}")
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            err(f"`tis_cap` must be > 0 or None, got {self.tis_cap!r}")
-        if self.clip_cov_lb >= self.clip_cov_ub:
-            err(f"`clip_cov_lb` ({self.clip_cov_lb}) must be < `clip_cov_ub` ({self.clip_cov_ub})")
-        if self.kl_estimator not in ("k1", "k3"):
-            err(f"`kl_estimator` must be 'k1' or 'k3', got {self.kl_estimator!r}")
+        if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
+            err(f"`weight_decay` must be a number >= 0, got {self.weight_decay!r}")
+        tis = self.tis_cap
+        if tis is not None and (isinstance(tis, bool) or not isinstance(tis, (int, float)) or tis < 0):
+            err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm, off on hf), got {tis!r}")
+        # The loss knobs are checked by the core loss config itself, for the on-policy and the
+        # replay loss alike: one source of truth, and what passes here cannot fail in the learner.
+        for replay in (False, True):
+            try:
+                self.policy_loss_config(replay=replay).validate(
+                    "training()" + (" (SIL replay loss)" if replay else ""), self.policy_loss_kwargs(replay))
+            except ValueError as e:
+                err(str(e))
         bad = [f for f in self.response_filters if f not in _FILTERS]
         if bad:
             err(f"`response_filters` has unknown entries {bad}; allowed: {_FILTERS}")
@@ -280,6 +285,13 @@ class GRPOConfig(AlgorithmConfig):
         if "model_path" not in self.model_config:
             err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
                 "(a local HF model folder, or 'embedded' for the project's tiny model)")
+        if "dtype" in self.model_config:
+            from ...models.dtypes import torch_dtype
+
+            try:
+                torch_dtype(self.model_config["dtype"])
+            except ValueError as e:
+                err(f"`model_config['dtype']`: {e}")
         self._warn_on_cold_start_call_format()
 
     def _warn_on_cold_start_call_format(self) -> None:
@@ -300,7 +312,7 @@ class GRPOConfig(AlgorithmConfig):
 
 
 class DrBoTConfig(GRPOConfig):
-    """Dr.BoT = GRPO + every trick of ALGORITHMS.md 1.5: no KL, clip-higher 0.28, no std
+    """Dr.BoT = GRPO + every trick of docs/algorithms.md 1.5: no KL, clip-higher 0.28, no std
     normalisation, seq-mean-token-sum-norm, dual clip c=10, the four response filters and the
     75% group-std filter."""
 

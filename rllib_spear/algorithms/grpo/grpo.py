@@ -70,7 +70,7 @@ class GRPO(Algorithm):
         super().setup(config)
         tasks = load_tasks(config.dataset or config.env, "train")
         self.task_sampler = TaskSampler(tasks, seed=config.seed or 0)
-        self.algo_step = 0  # t of ALGORITHMS.md (completed training steps)
+        self.algo_step = 0  # t of docs/algorithms.md (completed training steps)
         self._rng = np.random.default_rng((config.seed or 0) + 17)
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
         self._sync_weights()
@@ -351,7 +351,7 @@ class GRPO(Algorithm):
 
 
 class DrBoT(GRPO):
-    """GRPO with the Dr.BoT bag of tricks (ALGORITHMS.md 1.5)."""
+    """GRPO with the Dr.BoT bag of tricks (docs/algorithms.md 1.5)."""
 
     @classmethod
     def get_default_config(cls) -> DrBoTConfig:

@@ -32,7 +32,7 @@ import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
-from ...core.losses import LossNormalizer, policy_loss
+from ...core.losses import METRIC_REDUCE, LossNormalizer, policy_loss
 from ...models.threads import apply_torch_threads
 
 __all__ = ["GRPOTorchLearner", "BATCH_COLUMNS"]
@@ -132,7 +132,9 @@ class GRPOTorchLearner(TorchLearner):
             total = total + weight * loss
             prefix = "sil_" if replay else ""
             for k, v in metrics.items():
-                self.metrics.log_value((module_id, prefix + k), float(v), window=1000)
+                # a "_max" metric is a maximum over the update, not a mean of per-batch maxima
+                reduce = METRIC_REDUCE.get(k, "mean")
+                self.metrics.log_value((module_id, prefix + k), float(v), reduce=reduce, window=1000)
             # Engine-vs-trainer mismatch: logp_new before any optimizer step equals the trainer's
             # logp_old, so measure it on the first mini-batch of an update.
             if not replay and self._first_minibatch:
@@ -144,9 +146,15 @@ class GRPOTorchLearner(TorchLearner):
         return total
 
     def _recompute_old_logp(self, module, data: dict, budget: int) -> torch.Tensor:
-        """logp_old under the current weights (no grad), micro-batched like the update."""
+        """logp_old of the on-policy rows under the current weights (no grad), micro-batched like
+        the update. Replayed (SIL) rows keep their stored behaviour log-probs: their ratio is
+        pi_theta / pi_behaviour (docs/algorithms.md 2.3), and the current weights are not the
+        policy that generated them."""
         out = data["old_logp"].clone()
-        parts = _token_budget_microbatches(data["attention_mask"], budget)
+        on_policy = torch.nonzero(data["is_replay"] == 0).flatten()
+        if len(on_policy) == 0:
+            return out
+        parts = [on_policy[p] for p in _token_budget_microbatches(data["attention_mask"][on_policy], budget)]
         with torch.no_grad():
             for part in parts:
                 sub = _slice_rows(data, part)

@@ -1,4 +1,4 @@
-"""SPADERConfig: step-wise peer advantage + diversity-aware step rewards (ALGORITHMS.md 3)."""
+"""SPADERConfig: step-wise peer advantage + diversity-aware step rewards (docs/algorithms.md 3)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,7 @@
-"""SPEARConfig: Dr.BoT + tool-call reward curriculum + SIL replay + Clip-Cov (ALGORITHMS.md 2)."""
+"""SPEARConfig: Dr.BoT + tool-call reward curriculum + SIL replay + Clip-Cov (docs/algorithms.md 2)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ...core.losses import PolicyLossConfig
@@ -58,12 +59,20 @@ class SPEARConfig(GRPOConfig):
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
         cfg = super().policy_loss_config(replay)
         if replay and cfg.loss_mode == "clip_cov":
-            cfg = cfg.replace(clip_cov_ratio=self.replay_clip_cov_ratio,
-                              clip_cov_lb=self.replay_clip_cov_lb,
-                              clip_cov_ub=self.replay_clip_cov_ub)
+            cfg = dataclasses.replace(cfg, clip_cov_ratio=self.replay_clip_cov_ratio,
+                                      clip_cov_lb=self.replay_clip_cov_lb,
+                                      clip_cov_ub=self.replay_clip_cov_ub)
         if replay:
-            cfg = cfg.replace(tis_cap=None)  # ratio is pi_theta / pi_collect, no engine term
+            # ratio pi_theta / pi_behaviour against the stored log-probs: no engine term
+            cfg = dataclasses.replace(cfg, tis_cap=None)
         return cfg
+
+    def policy_loss_kwargs(self, replay: bool = False) -> dict[str, str]:
+        names = super().policy_loss_kwargs(replay)
+        if replay and self.loss_mode == "clip_cov":
+            names.update(clip_cov_ratio="replay_clip_cov_ratio", clip_cov_lb="replay_clip_cov_lb",
+                         clip_cov_ub="replay_clip_cov_ub")
+        return names
 
     def validate(self) -> None:
         super().validate()
@@ -83,9 +92,7 @@ class SPEARConfig(GRPOConfig):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 err(f"`{name}` must be an integer >= 1, got {v!r}")
-        for name in ("tool_reward_per_call", "tool_reward_cap", "sil_kappa", "replay_clip_cov_ratio"):
+        for name in ("tool_reward_per_call", "tool_reward_cap", "sil_kappa"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v < 0:
                 err(f"`{name}` must be a number >= 0, got {v!r}")
-        if self.replay_clip_cov_lb >= self.replay_clip_cov_ub:
-            err(f"`replay_clip_cov_lb` ({self.replay_clip_cov_lb}) must be < `replay_clip_cov_ub` ({self.replay_clip_cov_ub})")

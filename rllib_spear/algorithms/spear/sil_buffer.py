@@ -1,4 +1,4 @@
-"""Self-imitation (SIL) replay buffer of SPEAR (ALGORITHMS.md section 2.2).
+"""Self-imitation (SIL) replay buffer of SPEAR (docs/algorithms.md 2.2).
 
 Behaviour of the released code's ``TrajectoryBufferBatch`` (SPEAR repo,
 ``verl-agent/verl/trainer/ppo/ray_trainer_hybrid.py``), on whole :class:`Trajectory` objects.
@@ -13,8 +13,7 @@ Order of operations per training step t (what the algorithm does, as the release
                                           #       baseline history and trim it
                                           # (c) add this step's candidates (A_i > 0)
 
-:meth:`SILReplayBuffer.step_update` runs (a) then (b)+(c) in one call for callers that do not
-need the replay batch before adding (the released trainer needs it before: it trains on it first).
+(SPEAR does exactly this: ``SPEAR.replay_rows`` is (a), ``SPEAR.after_update`` is (b)+(c).)
 
 Semantics
 ---------
@@ -27,7 +26,7 @@ Semantics
   ``remove_old`` exactly: the reference is the step of the newest *stored* entry, not t_now.
 * Baseline history: one record per ``add_batch`` call holding that batch's group means and group
   stds. Oldest records are dropped while the total number of stored means exceeds
-  ``baseline_buffer_size`` (``baseline_trim="after_append"``, the spec's hard cap; the newest
+  ``baseline_buffer_size`` (``baseline_trim="after_append"``, the project's hard cap; the newest
   record is never dropped). ``"before_append"`` is the released order (trim, then append, so the
   total can exceed the cap by one batch).
 * p50 recalibration: ``b = median(all stored group means)``, ``s = median(all stored group
@@ -53,12 +52,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
 
 from rllib_spear.core.advantages import group_reward_stats
 from rllib_spear.core.trajectory import Trajectory
@@ -115,7 +112,7 @@ class _Entry:
     step: int
 
 
-class SILReplayBuffer(ReplayBufferInterface):
+class SILReplayBuffer:
     """SPEAR's self-imitation replay buffer (see the module docstring for the exact semantics).
 
     Args:
@@ -131,9 +128,10 @@ class SILReplayBuffer(ReplayBufferInterface):
         min_replay_size: replay batches smaller than this are dropped (tiny-batch guard; the
             released code uses the number of GPUs).
         seed: seed of the numpy Generator used for sampling (its state is checkpointed).
-        staleness_reference: ``"current"`` (spec: ``t_now - t_collected``) or
-            ``"latest_entry"`` (released ``remove_old``: step of the newest stored entry).
-        baseline_trim: ``"after_append"`` (spec: hard cap) or ``"before_append"`` (released).
+        staleness_reference: ``"current"`` (project, docs/algorithms.md 2.5:
+            ``t_now - t_collected``) or ``"latest_entry"`` (released ``remove_old``: step of the
+            newest stored entry).
+        baseline_trim: ``"after_append"`` (project: hard cap) or ``"before_append"`` (released).
     """
 
     def __init__(
@@ -269,18 +267,6 @@ class SILReplayBuffer(ReplayBufferInterface):
         self._counters["added"] += added
         return added
 
-    def add(self, batch: Any, **kwargs) -> None:
-        """:class:`ReplayBufferInterface` adapter for :meth:`add_batch`.
-
-        ``batch`` is either a mapping of :meth:`add_batch`'s arguments (``{"trajectories": ...,
-        "advantages": ..., "step": ..., ...}``) or the list of trajectories, with the other
-        arguments as keywords.
-        """
-        if isinstance(batch, Mapping):
-            self.add_batch(**{**dict(batch), **kwargs})
-        else:
-            self.add_batch(batch, **kwargs)
-
     def evict_stale(self, step: int) -> int:
         """Drop entries older than ``tolerate_steps`` (see ``staleness_reference``)."""
         if not self._entries:
@@ -383,25 +369,6 @@ class SILReplayBuffer(ReplayBufferInterface):
             return []
         idx = self._rng.choice(len(kept), size=n, replace=False)
         return [kept[int(i)] for i in idx]
-
-    def sample(self, num_items: int | None = None, **kwargs) -> list[tuple[Trajectory, float]]:
-        """:class:`ReplayBufferInterface` adapter for :meth:`sample_replay` (``step=`` kwarg)."""
-        return self.sample_replay(step=kwargs.get("step"), num_items=num_items)
-
-    def step_update(
-        self,
-        step: int,
-        trajectories: Sequence[Trajectory],
-        advantages: Sequence[float],
-        group_means: Sequence[float] | None = None,
-        group_stds: Sequence[float] | None = None,
-        loss_masks_zeroed: Sequence[bool] | None = None,
-    ) -> list[tuple[Trajectory, float]]:
-        """(a) :meth:`sample_replay` then (b)+(c) :meth:`add_batch`; returns the replay batch."""
-        replay = self.sample_replay(step)
-        self.add_batch(trajectories, advantages, step, group_means, group_stds,
-                       loss_masks_zeroed)
-        return replay
 
     def clear(self) -> None:
         """Drop all entries (the baseline history is kept, as after a burst)."""

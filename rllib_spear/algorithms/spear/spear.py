@@ -17,7 +17,7 @@ __all__ = ["SPEAR"]
 
 
 class SPEAR(GRPO):
-    """Self-imitation with progressive exploration (ALGORITHMS.md section 2)."""
+    """Self-imitation with progressive exploration (docs/algorithms.md 2)."""
 
     @classmethod
     def get_default_config(cls) -> SPEARConfig:

@@ -12,28 +12,10 @@ from typing import Mapping, Sequence
 
 import torch
 
+from ...models.dtypes import torch_dtype
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 
 __all__ = ["HFEngine", "apply_top_k_top_p"]
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def _as_dtype(dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[str(dtype).replace("torch.", "")]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
-
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) logits outside the top-k and outside the smallest set with mass >= top_p.
@@ -80,7 +62,7 @@ class HFEngine(GenerationEngine):
             if model_path is None:
                 raise ValueError("HFEngine needs model_path or model")
             kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=_as_dtype(dtype), **kw)
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype(dtype), **kw)
         if tokenizer is None:
             src = model_path or getattr(model, "name_or_path", None)
             if src is None:

@@ -8,7 +8,8 @@ the kept tokens (its processed distribution); a warning says so once.
 Weight updates (``update_weights``) use vLLM's in-place ``reload_weights`` with a weights iterator.
 On the CPU backend the tied ``lm_head`` holds its own pre-packed copy of the embedding, which a
 reload does not refresh; it is re-packed explicitly (otherwise the engine silently keeps sampling
-from the old head: see notes/feasibility.md). The prefix cache is reset after every update.
+from the old head: see docs/design.md, "vLLM weight updates"). The prefix cache is reset after
+every update.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from ...models.dtypes import dtype_name
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 
 __all__ = ["VLLMEngine", "vllm_available"]
@@ -181,7 +183,7 @@ class VLLMEngine(GenerationEngine):
         self.prefill_budget = int(llm_kwargs["max_num_batched_tokens"]) if on_cpu else None
         self.llm = LLM(
             model=self.model_path,
-            dtype=dtype,
+            dtype=dtype_name(dtype),
             seed=seed,
             max_model_len=max_model_len,
             logprobs_mode="processed_logprobs",
