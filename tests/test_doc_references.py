@@ -7,7 +7,7 @@ scripts/ and README.md:
   research notes folder, the feasibility notes (the lower-case docs/algorithms.md and
   docs/design.md are the in-repo documents to cite instead);
 - every numbered citation of docs/algorithms.md names a section that is a heading there, and every
-  ``algorithms.md#anchor`` / ``design.md#anchor`` link names a heading of that file.
+  ``algorithms.md`` or ``design.md`` link with a ``#`` fragment names a heading of that file.
 
 The patterns are assembled from pieces so that this file does not cite what it forbids.
 """

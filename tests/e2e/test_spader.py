@@ -275,3 +275,7 @@ def test_cli_trains_the_spader_demo_config_and_reports_f1(tmp_path):
     assert "iter   2 | reward" in out.stdout and "| f1 " in out.stdout
     assert "f1 by iterations: 1-1:" in out.stdout, out.stdout[-2000:]
     assert "was trained to call tools with parser" not in out.stdout + out.stderr  # the matching env config
+    # the console stays readable: one line per iteration, no per-process RLlib notice, no build
+    assert [ln.split("|")[0].strip() for ln in out.stdout.splitlines() if ln.startswith("iter ")] == ["iter   1", "iter   2"]
+    assert "on the new API stack" not in out.stdout + out.stderr
+    assert "building it under" not in out.stderr  # the shipped cold start was found
