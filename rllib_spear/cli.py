@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -21,7 +22,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["main", "load_experiment", "build_config", "apply_overrides"]
+__all__ = ["main", "load_experiment", "build_config", "apply_overrides", "quiet_worker_logs"]
 
 
 def apply_overrides(exp: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -114,6 +115,19 @@ def block_means(values: list[float], blocks: int = 6) -> list[tuple[int, int, fl
     return [(a + 1, b, sum(values[a:b]) / (b - a)) for a, b in zip(edges, edges[1:]) if b > a]
 
 
+#: Ray/Tune loggers whose routine notices would interleave with the one line per iteration of
+#: ``rllib-spear train`` (every checkpoint, the slow-setup hint, the missing-gputil hint).
+_QUIET_LOGGERS = {"ray.train": logging.WARNING, "ray.tune.trainable.trainable": logging.WARNING,
+                  "ray.tune.utils.util": logging.ERROR}
+
+
+def quiet_worker_logs() -> None:
+    """Ray ``worker_process_setup_hook`` of ``rllib-spear train``: raise the level of
+    ``_QUIET_LOGGERS`` in every worker process (warnings and errors still show)."""
+    for name, level in _QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
 def _train(args: argparse.Namespace) -> int:
     import ray
     from ray import tune
@@ -144,8 +158,10 @@ def _train(args: argparse.Namespace) -> int:
                 headline.append(float(value))
 
     if not ray.is_initialized():
-        ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False,
-                 runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}})
+        ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False, runtime_env={
+            "env_vars": {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                         "HF_HUB_DISABLE_PROGRESS_BARS": "1"},  # transformers' "Loading weights" bars
+            "worker_process_setup_hook": "rllib_spear.cli.quiet_worker_logs"})
     t0 = time.time()
     tuner = tune.Tuner(
         exp["algorithm"],

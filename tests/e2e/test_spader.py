@@ -278,4 +278,6 @@ def test_cli_trains_the_spader_demo_config_and_reports_f1(tmp_path):
     # the console stays readable: one line per iteration, no per-process RLlib notice, no build
     assert [ln.split("|")[0].strip() for ln in out.stdout.splitlines() if ln.startswith("iter ")] == ["iter   1", "iter   2"]
     assert "on the new API stack" not in out.stdout + out.stderr
+    assert "Checkpoint successfully created" not in out.stdout + out.stderr
+    assert "Loading weights" not in out.stdout + out.stderr
     assert "building it under" not in out.stderr  # the shipped cold start was found
