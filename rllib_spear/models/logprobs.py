@@ -136,6 +136,32 @@ def token_logprobs(
     return_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
 ):
+    """Log-prob of every token given its prefix (see ``_token_logprobs_unsharded``).
+
+    An FSDP-sharded LM (``models.sharding.shard_causal_lm``) is scored through its registered
+    ``score_tokens`` forward method, so that its root parameters are gathered around the body and
+    every head chunk; any other model directly.
+    """
+    from .sharding import SCORING_METHOD
+
+    kwargs = dict(temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy,
+                  position_ids=position_ids)
+    scorer = getattr(unwrap_causal_lm(model), SCORING_METHOD, None)
+    if scorer is not None:
+        return scorer(input_ids, attention_mask, **kwargs)
+    return _token_logprobs_unsharded(model, input_ids, attention_mask, **kwargs)
+
+
+def _token_logprobs_unsharded(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    return_entropy: bool = False,
+    position_ids: torch.Tensor | None = None,
+):
     """Log-prob of every token given its prefix, computed head-chunk by head-chunk.
 
     Args:

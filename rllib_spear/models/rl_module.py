@@ -28,6 +28,10 @@ conversion, which fails on bf16. ``get_state(inference_only=True)`` returns the 
 (base + LoRA deltas) under the base model's names, ready for ``GenerationEngine.update_weights``
 and for an inference-only module's ``set_state``. Without ``inference_only`` a LoRA module returns
 its full PEFT state (base and adapter weights) for checkpoints.
+
+Sharded (FSDP2, ``models.sharding``): ``get_state`` is a collective. Every rank gathers the
+parameters one tensor at a time; rank 0 keeps a CPU copy of each and returns the state, the other
+ranks return ``{}``. ``set_state`` with whole tensors scatters each rank's shards.
 """
 from __future__ import annotations
 
@@ -116,25 +120,45 @@ class HFCausalLMRLModule(TorchRLModule):
         """The underlying transformers model (the PEFT base model when LoRA is on)."""
         return self.model.get_base_model() if self._is_lora else self.model
 
-    def _merged_hf_state(self) -> dict[str, torch.Tensor]:
-        """Base-model names -> weights with the LoRA deltas added (no in-place merge)."""
+    def _merged_hf_state(self, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Base-model names -> weights with the LoRA deltas added (no in-place merge), from the
+        base model's (whole) state dict ``sd``: W + scaling * B @ A per active adapter."""
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
         out: dict[str, torch.Tensor] = {}
-        for k, v in base.state_dict().items():
+        for k, v in sd.items():
             if "lora_" in k:
                 continue
-            out[k.replace(".base_layer.", ".")] = v.detach()
+            out[k.replace(".base_layer.", ".")] = v
         for name, mod in base.named_modules():
             if isinstance(mod, LoraLayer) and not getattr(mod, "merged", False):
                 key = f"{name}.weight"
                 w = out[key]
                 for adapter in mod.active_adapters:
                     if adapter in mod.lora_A:
-                        w = w + mod.get_delta_weight(adapter).to(w.dtype)
+                        a = sd[f"{name}.lora_A.{adapter}.weight"].float()
+                        b = sd[f"{name}.lora_B.{adapter}.weight"].float()
+                        delta = (b @ a) * float(mod.scaling[adapter])
+                        if getattr(mod, "fan_in_fan_out", False):
+                            delta = delta.T
+                        w = w + delta.to(w.dtype)
                 out[key] = w
         return out
+
+    def _whole_state(self, model) -> dict[str, torch.Tensor] | None:
+        """model.state_dict() as whole CPU tensors (gathered one by one when sharded; None on
+        the ranks other than 0)."""
+        from .sharding import is_sharded, iter_full_state
+
+        sd = model.state_dict()
+        if not is_sharded(model):
+            return {k: v.detach().to("cpu", copy=True) for k, v in sd.items()}
+        import torch.distributed as dist
+
+        keep = (dist.get_rank() if dist.is_initialized() else 0) == 0
+        out = {k: v for k, v in iter_full_state(sd, keep=keep)}
+        return out if keep else None
 
     def get_state(
         self,
@@ -145,15 +169,18 @@ class HFCausalLMRLModule(TorchRLModule):
         **kwargs,
     ) -> Dict[str, Any]:
         with torch.no_grad():
-            if self._is_lora:
-                sd = self._merged_hf_state() if inference_only else self.model.state_dict()
+            if self._is_lora and inference_only:
+                sd = self._whole_state(self.model.get_base_model())
+                sd = None if sd is None else self._merged_hf_state(sd)
             else:
-                sd = self.model.state_dict()
+                sd = self._whole_state(self.model)
+        if sd is None:
+            return {}
         out = {}
         for k, v in sd.items():
             if self._tied and k.endswith("lm_head.weight"):
                 continue  # tied to the input embedding; shipping it twice doubles the payload
-            out[k] = v.detach().to("cpu", copy=True)
+            out[k] = v
         return out
 
     @staticmethod
@@ -178,7 +205,19 @@ class HFCausalLMRLModule(TorchRLModule):
         for k, v in state.items():
             t = v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v))
             tensors[k] = t
-        missing, unexpected = target.load_state_dict(tensors, strict=False)
+        from .sharding import is_sharded
+
+        if is_sharded(target):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            # whole tensors on every rank -> each rank keeps its shards
+            own = target.state_dict()
+            missing = [k for k in own if k not in tensors]
+            unexpected = [k for k in tensors if k not in own]
+            if not unexpected:
+                set_model_state_dict(target, tensors, options=StateDictOptions(full_state_dict=True, strict=False))
+        else:
+            missing, unexpected = target.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if not (self._tied and k.endswith("lm_head.weight"))]
         if unexpected:
             raise ValueError(f"set_state: unexpected keys {list(unexpected)[:5]}")

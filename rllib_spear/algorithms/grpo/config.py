@@ -86,6 +86,28 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
 }
 
 
+# learners() kwargs owned by this config (docs/design.md "Learner sharding"): how the policy is
+# laid out over the learner ranks and in which precision it computes.
+LEARNER_DEFAULTS: dict[str, Any] = {
+    "sharding": "ddp",  # "ddp": a full replica per learner; "fsdp": FSDP2 fully_shard per block
+    "mixed_precision": None,  # None: compute in the weights' dtype; "bf16": bf16 compute, fp32 master
+    "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
+    "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
+    "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
+}
+
+#: env_runners() kwargs about the engines' hardware (not sampling knobs).
+ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
+    "engine_gpu_memory_gb": None,  # memory of one engine GPU; None = gpu_memory_gb of learners()
+}
+
+SHARDING_STRATEGIES = ("ddp", "fsdp")
+#: What benchmarks/master_weights.py measured for one AdamW step at lr 1e-6 with bf16 weights and
+#: state vs fp32 master weights (quoted by the warning of validate()).
+LOW_PRECISION_MASTER_EFFECT = "see benchmarks/master_weights.py"
+MIXED_PRECISION = (None, "bf16")
+
+
 class GRPOConfig(AlgorithmConfig):
     """Config of GRPO on tool-using LLM agents (and the base of Dr.BoT/SPEAR/SPADER)."""
 
@@ -95,7 +117,8 @@ class GRPOConfig(AlgorithmConfig):
 
             algo_class = GRPO
         super().__init__(algo_class=algo_class)
-        for k, v in {**GRPO_TRAINING_DEFAULTS, **SAMPLING_DEFAULTS}.items():
+        for k, v in {**GRPO_TRAINING_DEFAULTS, **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
+                     **ENGINE_RESOURCE_DEFAULTS}.items():
             setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
         # RLlib settings that fit this workload.
         from ...env_runners.llm_env_runner import LLMEnvRunner
@@ -142,11 +165,32 @@ class GRPOConfig(AlgorithmConfig):
         engine ("hf" | "vllm"), engine_kwargs, temperature, top_p, top_k, max_new_tokens (per
         turn), stop, max_turns, max_model_len, max_response_tokens, max_observation_tokens,
         observation_template ("chatml" | "llama3")."""
-        own = {k: kwargs.pop(k) for k in list(kwargs) if k in SAMPLING_DEFAULTS}
+        own = {k: kwargs.pop(k) for k in list(kwargs)
+               if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}
         if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:
             # Sampling in the driver process (tests): it needs the local runner.
             kwargs["create_local_env_runner"] = True
         super().env_runners(**kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    def learners(self, **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``learners()`` plus the layout and precision of the policy on the learners:
+
+        * ``sharding``: "ddp" (default; RLlib's DDP, a full replica per learner) or "fsdp" (FSDP2
+          ``fully_shard`` per transformer block and on the root: each of the ``num_learners >= 1``
+          ranks holds 1/N of the parameters, gradients and optimizer state);
+        * ``mixed_precision``: None (compute in the weights' dtype) or "bf16" (fp32 master weights
+          and AdamW state, bf16 compute, fp32 gradient reduction);
+        * ``cpu_offload``: fsdp only: the shards and the optimizer step live in CPU memory;
+        * ``activation_checkpointing``: None = ``model_config["gradient_checkpointing"]``;
+        * ``gpu_memory_gb``: memory of one learner GPU; when set, ``validate()`` refuses a config
+          whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change.
+        """
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in LEARNER_DEFAULTS}
+        super().learners(**kwargs)
         for k, v in own.items():
             if v is not NotProvided:
                 setattr(self, k, v)
@@ -206,6 +250,13 @@ class GRPOConfig(AlgorithmConfig):
     @property
     def loss_t_norm(self) -> float:
         return float(self.t_norm if self.t_norm is not None else self.max_response_tokens)
+
+    @property
+    def use_activation_checkpointing(self) -> bool:
+        """learners(activation_checkpointing=...) or, when None, model_config's switch."""
+        if self.activation_checkpointing is not None:
+            return bool(self.activation_checkpointing)
+        return bool((self.model_config or {}).get("gradient_checkpointing", False))
 
     def sampling_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in SAMPLING_DEFAULTS}
@@ -292,7 +343,40 @@ class GRPOConfig(AlgorithmConfig):
                 torch_dtype(self.model_config["dtype"])
             except ValueError as e:
                 err(f"`model_config['dtype']`: {e}")
+        self._validate_learner_layout()
         self._warn_on_cold_start_call_format()
+
+    def _validate_learner_layout(self) -> None:
+        """sharding / mixed_precision / cpu_offload / model dtype (docs/design.md "Learner sharding")."""
+        err = self._value_error
+        if self.sharding not in SHARDING_STRATEGIES:
+            err(f"`sharding` must be one of {SHARDING_STRATEGIES} (set it with .learners(sharding=...)), "
+                f"got {self.sharding!r}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            err(f"`mixed_precision` must be None or 'bf16' (.learners(mixed_precision=...)), got {self.mixed_precision!r}")
+        if self.sharding == "fsdp" and self.num_learners < 1:
+            err("`sharding='fsdp'` runs on remote learner ranks: set .learners(num_learners=N) with N >= 1 "
+                f"(got num_learners={self.num_learners})")
+        if self.cpu_offload and self.sharding != "fsdp":
+            err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
+        if self.gpu_memory_gb is not None and (not isinstance(self.gpu_memory_gb, (int, float))
+                                               or self.gpu_memory_gb <= 0):
+            err(f"`gpu_memory_gb` must be a number > 0 or None, got {self.gpu_memory_gb!r}")
+        from ...models.dtypes import dtype_name
+
+        try:
+            dtype = dtype_name((self.model_config or {}).get("dtype", "float32"))
+        except ValueError:
+            return  # reported by validate() already
+        if self.mixed_precision == "bf16" and dtype != "float32":
+            err(f"`mixed_precision='bf16'` keeps fp32 master weights and computes in bf16: set "
+                f"model_config['dtype'] to 'float32' (or drop it), got {dtype!r}")
+        if self.mixed_precision is None and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
+            logging.getLogger(__name__).warning(
+                "model_config['dtype']=%r trains %s weights with %s AdamW state: at lr 1e-6 most updates "
+                "round away (measured by benchmarks/master_weights.py: %s). Use "
+                ".learners(mixed_precision='bf16') with float32 master weights instead.",
+                dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
 
     def _warn_on_cold_start_call_format(self) -> None:
         """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);

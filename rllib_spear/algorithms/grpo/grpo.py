@@ -256,9 +256,18 @@ class GRPO(Algorithm):
         group = self.env_runner_group
         if group is None:
             return
-        state = self.learner_group.get_state(
-            components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
-        )[COMPONENT_LEARNER]
+        if self.config.sharding == "fsdp":
+            # Every rank gathers its shards one tensor at a time; rank 0 returns the weights.
+            results = self.learner_group.foreach_learner(lambda learner: learner.engine_state())
+            states = [r.get() for r in results.result_or_errors if r.ok]
+            errors = [r.get() for r in results.result_or_errors if not r.ok]
+            if errors:
+                raise errors[0]
+            state = next(s for s in states if s is not None)
+        else:
+            state = self.learner_group.get_state(
+                components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
+            )[COMPONENT_LEARNER]
         payload = {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE],
                    WEIGHTS_SEQ_NO: int(state.get(WEIGHTS_SEQ_NO, 0))}
         expected = payload[WEIGHTS_SEQ_NO]
@@ -323,6 +332,29 @@ class GRPO(Algorithm):
         return {k: v for k, v in m.items() if k in keep or k.startswith("macro_") or k.endswith("_mean")}
 
     # ------------------------------------------------------------------ checkpoint state
+    def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
+        """RLlib's checkpoint; under FSDP every learner rank first writes its shards
+        (torch.distributed.checkpoint) into ``learner_group/learner/sharded_state`` of the same
+        folder, where the learners' ``restore_from_path`` finds them (with any number of ranks)."""
+        if self.config.sharding == "fsdp" and state is None:
+            import tempfile
+            from pathlib import Path
+
+            from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP
+
+            from .learner import SHARDED_STATE_DIR
+
+            if filesystem is not None or (path is not None and "://" in str(path)):
+                raise ValueError("sharding='fsdp' checkpoints are written by every learner rank: save to a "
+                                 "local or shared-filesystem path (no pyarrow filesystem / URI)")
+            path = str(path) if path is not None else tempfile.mkdtemp()
+            shard_dir = str(Path(path).absolute() / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / SHARDED_STATE_DIR)
+            results = self.learner_group.foreach_learner(lambda learner, d=shard_dir: learner.save_sharded_state(d))
+            errors = [r.get() for r in results.result_or_errors if not r.ok]
+            if errors:
+                raise errors[0]
+        return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         state = super().get_state(components, not_components=not_components, **kwargs)
         state[_STATE_KEY] = self._extra_state()
