@@ -2,6 +2,7 @@
 
     rllib-spear train configs/spear_cpu_demo.yaml --set training.lr=5e-5 --set stop.training_iteration=5
     rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
+    rllib-spear export results/spear_cpu_demo/<trial>/checkpoint_000010 exported_model/
 
 YAML layout: ``algorithm`` (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), ``stop``
 (Tune stop criteria), optional ``name``, ``storage_path``, ``checkpoint_freq``, ``num_samples``,
@@ -209,6 +210,15 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from rllib_spear.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, module_id=args.module_id, dtype=args.dtype)
+    info = json.loads((out / "rllib_spear_export.json").read_text())
+    print(f"exported {info['source']} (weights version {info['weights_seq_no']}, {info['dtype']}) to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rllib-spear", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--samples", type=int, default=1, help="samples per task")
     e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
     e.set_defaults(func=_eval)
+    x = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
+    x.add_argument("checkpoint")
+    x.add_argument("out")
+    x.add_argument("--module-id", default="default_policy")
+    x.add_argument("--dtype", default=None, help="bfloat16 / float16 / float32 (default: the master dtype)")
+    x.set_defaults(func=_export)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

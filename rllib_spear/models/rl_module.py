@@ -35,6 +35,8 @@ ranks return ``{}``. ``set_state`` with whole tensors scatters each rank's shard
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any, Collection, Dict, Optional, Union
 
 import gymnasium as gym
@@ -46,7 +48,22 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from .dtypes import torch_dtype
 from .logprobs import token_logprobs
 
-__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "resolve_model_path"]
+__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "resolve_model_path", "empty_weights"]
+
+#: Set by ``empty_weights()``: modules built meanwhile hold meta-device (unallocated) weights.
+_EMPTY_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rllib_spear_empty_init", default=False)
+
+
+@contextlib.contextmanager
+def empty_weights():
+    """Build HFCausalLMRLModules on the meta device (no weights loaded) inside this block: the
+    FSDP learner ranks other than 0 do, and receive rank 0's weights once sharded, so a node
+    reads and holds one copy of the checkpoint instead of one per GPU."""
+    token = _EMPTY_INIT.set(True)
+    try:
+        yield
+    finally:
+        _EMPTY_INIT.reset(token)
 
 def resolve_model_path(path: str) -> str:
     """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
@@ -74,7 +91,16 @@ class HFCausalLMRLModule(TorchRLModule):
         self._temperature = float(cfg.get("temperature", 1.0))
         self._compute_entropy = bool(cfg.get("compute_entropy", True))
         path = resolve_model_path(str(cfg["model_path"]))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(cfg.get("dtype", "float32")))
+        dtype = torch_dtype(cfg.get("dtype", "float32"))
+        if _EMPTY_INIT.get():
+            # A sharded learner rank other than 0: the architecture only, on the meta device
+            # (no weights read, no memory); rank 0's weights arrive after sharding.
+            from transformers import AutoConfig
+
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         lora = cfg.get("lora")
         self._is_lora = bool(lora) and not self.inference_only
@@ -113,7 +139,10 @@ class HFCausalLMRLModule(TorchRLModule):
         return self._forward(batch, **kwargs)
 
     def _device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        # The learner sets the compute device of a sharded model: with FSDP's CPU offload the
+        # parameters live on the CPU while the inputs and the gathered blocks are on the GPU.
+        dev = getattr(self, "compute_device", None)
+        return dev if dev is not None else next(self.model.parameters()).device
 
     # ------------------------------------------------------------------ state
     def hf_model(self):

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 __all__ = [
-    "SCORING_METHOD", "shard_causal_lm", "is_sharded", "transformer_blocks", "full_tensor",
+    "SCORING_METHOD", "shard_causal_lm", "load_full_state_from_rank0", "is_sharded", "transformer_blocks", "full_tensor",
     "iter_full_state", "local_numel", "local_bytes", "global_grad_norm", "clip_grads_",
 ]
 
@@ -92,6 +92,31 @@ def shard_causal_lm(model: nn.Module, *, mixed_precision: str | None = None,
     setattr(lm, SCORING_METHOD, types.MethodType(score_tokens, lm))
     register_fsdp_forward_method(lm, SCORING_METHOD)
     return lm
+
+
+def load_full_state_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor] | None,
+                               device: torch.device) -> None:
+    """Give every rank its shards of rank 0's weights (a collective).
+
+    Rank 0 passes the whole state dict it loaded before sharding; the other ranks built ``model``
+    on the meta device (``rl_module.empty_weights``) and pass None: their shards are allocated
+    (``to_empty``) and filled by ``set_model_state_dict(broadcast_from_rank0=True)``. Buffers that
+    are not in the state dict (RoPE ``inv_freq``) are broadcast from rank 0 as well.
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank = dist.get_rank()
+    if rank != 0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full_state if rank == 0 else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    for buf in model.buffers():
+        staged = buf.to(comm_device)
+        dist.broadcast(staged, src=0)
+        if staged is not buf:
+            buf.copy_(staged)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -154,3 +154,43 @@ def test_rl_module_loads_bf16_by_its_short_name(tmp_path):
 
     module = HFCausalLMRLModule(model_config={"model_path": tiny_model_path(tmp_path), "dtype": "bf16"})
     assert next(module.model.parameters()).dtype is torch.bfloat16
+
+
+def test_learner_layout_kwargs():
+    cfg = GRPOConfig().learners(num_learners=4, sharding="fsdp", mixed_precision="bf16",
+                                cpu_offload=True, activation_checkpointing=True, gpu_memory_gb=80)
+    assert (cfg.num_learners, cfg.sharding, cfg.mixed_precision, cfg.cpu_offload) == (4, "fsdp", "bf16", True)
+    assert cfg.use_activation_checkpointing and cfg.gpu_memory_gb == 80
+    # None defers to the module's own switch
+    cfg = GRPOConfig().rl_module(model_config={"model_path": "embedded", "gradient_checkpointing": True})
+    assert cfg.activation_checkpointing is None and cfg.use_activation_checkpointing
+    assert GRPOConfig().env_runners(engine_gpu_memory_gb=141).engine_gpu_memory_gb == 141
+    d = GRPOConfig().learners(sharding="fsdp").to_dict()
+    assert d["sharding"] == "fsdp"
+
+
+@pytest.mark.parametrize("learners, model_config, key", [
+    ({"sharding": "zero3"}, {}, "sharding"),
+    ({"sharding": "fsdp", "num_learners": 0}, {}, "num_learners"),
+    ({"cpu_offload": True}, {}, "cpu_offload"),
+    ({"mixed_precision": "fp8"}, {}, "mixed_precision"),
+    ({"mixed_precision": "bf16"}, {"dtype": "bfloat16"}, "float32"),
+    ({"gpu_memory_gb": -1}, {}, "gpu_memory_gb"),
+])
+def test_validate_learner_layout(learners, model_config, key):
+    cfg = GRPOConfig().learners(**learners).rl_module(model_config={"model_path": "embedded", **model_config})
+    with pytest.raises(ValueError, match=key):
+        cfg.validate()
+
+
+def test_bf16_master_weights_warn_with_the_measured_effect(caplog):
+    import logging
+
+    import ray.util.debug as debug
+
+    debug.reset_log_once("low_precision_master")  # the warning is once per process
+    cfg = GRPOConfig().rl_module(model_config={"model_path": "embedded", "dtype": "bfloat16"})
+    with caplog.at_level(logging.WARNING):
+        cfg.validate()
+    text = caplog.text
+    assert "mixed_precision='bf16'" in text and "2.1%" in text and "benchmarks/master_weights.py" in text

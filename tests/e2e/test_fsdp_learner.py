@@ -149,36 +149,48 @@ def test_fsdp_lora_equals_single_learner(recorded, tiny_model):
     assert diff < 1e-5
 
 
-def test_fsdp_resume_is_identical_and_reshards(recorded, tiny_model, tmp_path):
-    """Kill after iteration 1, restore, iteration 2 identical; the 2-rank checkpoint restores on 1
-    learner with the same weights."""
+def _replaying(algo, recorded, trajs2):
+    batches = [recorded["trajs"], trajs2]
+
+    def replay(tasks, step, group_size=None):
+        algo._sampled_version = algo._policy_version
+        return copy.deepcopy(batches[min(step, 2) - 1]), recorded["stats"]
+
+    algo._sample = replay
+    return algo
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(recorded, tiny_model, tmp_path_factory):
+    """2 FSDP ranks: iteration 1, checkpoint, iteration 2 (the uninterrupted run)."""
     trajs2 = _synthetic(copy.deepcopy(recorded["trajs"])[::-1])
-
-    def replaying(algo):
-        batches = [recorded["trajs"], trajs2]
-
-        def replay(tasks, step, group_size=None):
-            algo._sampled_version = algo._policy_version
-            return copy.deepcopy(batches[min(step, 2) - 1]), recorded["stats"]
-
-        algo._sample = replay
-        return algo
-
     cfg = _config(tiny_model, 2, sharding="fsdp")
-    algo = replaying(cfg.build_algo())
+    algo = _replaying(cfg.build_algo(), recorded, trajs2)
     try:
         algo.train()
-        ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
+        ckpt = algo.save_to_path(str(tmp_path_factory.mktemp("fsdp") / "ckpt"))
         saved = _weights(algo)
         r2 = algo.train()["learners"]["default_policy"]
         w2 = _weights(algo)
     finally:
         algo.stop()
-    assert (tmp_path / "ckpt" / "learner_group" / "learner" / "sharded_state" / "default_policy").is_dir()
+    return {"cfg": cfg, "ckpt": ckpt, "saved": saved, "r2": r2, "w2": w2, "trajs2": trajs2}
 
-    algo = replaying(cfg.build_algo())
+
+def test_fsdp_resume_is_identical_and_reshards(recorded, fsdp_run, tiny_model):
+    """Kill after iteration 1, restore, iteration 2 identical; the 2-rank checkpoint restores on 1
+    learner with the same weights and optimizer state."""
+    from pathlib import Path
+
+    ckpt, saved, r2, w2 = fsdp_run["ckpt"], fsdp_run["saved"], fsdp_run["r2"], fsdp_run["w2"]
+    assert (Path(ckpt) / "learner_group" / "learner" / "sharded_state" / "default_policy").is_dir()
+    assert not (Path(ckpt) / "learner_group" / "learner" / "rl_module").exists()  # no gathered copy
+
+    from ray.rllib.algorithms.algorithm import Algorithm
+
+    algo = _replaying(Algorithm.from_checkpoint(ckpt), recorded, fsdp_run["trajs2"])
     try:
-        algo.restore_from_path(ckpt)
+        assert algo.config.sharding == "fsdp" and algo.config.num_learners == 2
         assert _diff(_weights(algo), saved) == 0.0
         assert algo.algo_step == 1
         r2b = algo.train()["learners"]["default_policy"]
@@ -192,7 +204,7 @@ def test_fsdp_resume_is_identical_and_reshards(recorded, tiny_model, tmp_path):
     assert _diff(w2, w2b) == 0.0
 
     # N=2 -> M=1: a single (local, unsharded) learner loads the shards
-    algo = replaying(_config(tiny_model, 0).build_algo())
+    algo = _replaying(_config(tiny_model, 0).build_algo(), recorded, fsdp_run["trajs2"])
     try:
         algo.restore_from_path(ckpt)
         assert _diff(_weights(algo), saved) == 0.0
@@ -203,3 +215,78 @@ def test_fsdp_resume_is_identical_and_reshards(recorded, tiny_model, tmp_path):
     # the optimizer state came along: the next step matches the sharded run's
     assert _diff(w2, w2c) < 1e-5
     assert r2c["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+
+
+def test_replicated_checkpoint_restores_into_fsdp(recorded, fsdp_run, tiny_model, tmp_path):
+    """A single-learner checkpoint (RLlib's own layout) loads into 2 FSDP ranks, optimizer state
+    included: the next step matches the single learner's."""
+    trajs2 = fsdp_run["trajs2"]
+    algo = _replaying(_config(tiny_model, 0).build_algo(), recorded, trajs2)
+    try:
+        algo.train()
+        ckpt = algo.save_to_path(str(tmp_path / "single"))
+        saved = _weights(algo)
+        r2 = algo.train()["learners"]["default_policy"]
+        w2 = _weights(algo)
+    finally:
+        algo.stop()
+    algo = _replaying(_config(tiny_model, 2, sharding="fsdp").build_algo(), recorded, trajs2)
+    try:
+        algo.restore_from_path(ckpt)
+        assert _diff(_weights(algo), saved) < 1e-7
+        r2b = algo.train()["learners"]["default_policy"]
+        w2b = _weights(algo)
+    finally:
+        algo.stop()
+    assert r2b["grad_norm"] == pytest.approx(r2["grad_norm"], rel=1e-4)
+    assert _diff(w2, w2b) < 1e-5
+
+
+def test_export_sharded_checkpoint_to_hf_folder(fsdp_run, tmp_path):
+    """`rllib-spear export` turns the 2-rank sharded checkpoint into a folder that transformers
+    and vLLM load, holding the learner's weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from rllib_spear.cli import main
+
+    out = tmp_path / "hf"
+    assert main(["export", fsdp_run["ckpt"], str(out)]) == 0
+    info = json.loads((out / "rllib_spear_export.json").read_text())
+    assert info["source"].startswith("sharded") and info["weights_seq_no"] == 1
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    sd = model.state_dict()
+    saved = fsdp_run["saved"]
+    assert max(float((sd[k].float() - v.float()).abs().max()) for k, v in saved.items()) == 0.0
+    # vLLM serves the exported folder with the same log-probs as transformers (own process: one
+    # vLLM engine per process)
+    script = f"""
+import os, sys
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0"); os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from rllib_spear.env_runners.engines.vllm_engine import vllm_available, VLLMEngine
+from rllib_spear.env_runners.engines.hf_engine import HFEngine
+ok, why = vllm_available()
+if not ok:
+    print("VLLM_UNAVAILABLE", why); sys.exit(0)
+seq = list(range(5, 45))
+hf = HFEngine({str(out)!r}).score([seq])[0]
+eng = VLLMEngine({str(out)!r}, dtype="float32", seed=0, max_model_len=256)
+vl = eng.score([seq])[0]
+eng.shutdown()
+gap = max(abs(a - b) for a, b in zip(hf[1:], vl[1:]))
+print("VLLM_GAP", gap)
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if "VLLM_UNAVAILABLE" in res.stdout:
+        if os.environ.get("RLLIB_SPEAR_REQUIRE_VLLM") == "1":
+            pytest.fail(res.stdout)
+        pytest.skip(res.stdout.strip())
+    assert "VLLM_GAP" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+    gap = float(res.stdout.split("VLLM_GAP")[1].split()[0])
+    print(f"\nexported model: vLLM vs transformers max |logp gap| {gap:.3g}")
+    assert gap < 1e-3

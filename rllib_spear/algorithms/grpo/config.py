@@ -104,7 +104,8 @@ ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
 SHARDING_STRATEGIES = ("ddp", "fsdp")
 #: What benchmarks/master_weights.py measured for one AdamW step at lr 1e-6 with bf16 weights and
 #: state vs fp32 master weights (quoted by the warning of validate()).
-LOW_PRECISION_MASTER_EFFECT = "see benchmarks/master_weights.py"
+LOW_PRECISION_MASTER_EFFECT = ("2.1% of the weights change at all and the mean applied step is 0.03x the "
+                               "fp32-master step (lr 1e-5: 15.7%, 0.19x)")
 MIXED_PRECISION = (None, "bf16")
 
 
@@ -373,8 +374,8 @@ class GRPOConfig(AlgorithmConfig):
                 f"model_config['dtype'] to 'float32' (or drop it), got {dtype!r}")
         if self.mixed_precision is None and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
             logging.getLogger(__name__).warning(
-                "model_config['dtype']=%r trains %s weights with %s AdamW state: at lr 1e-6 most updates "
-                "round away (measured by benchmarks/master_weights.py: %s). Use "
+                "model_config['dtype']=%r trains %s weights with %s AdamW state: most updates round away "
+                "(benchmarks/master_weights.py, one AdamW step at lr 1e-6: %s). Use "
                 ".learners(mixed_precision='bf16') with float32 master weights instead.",
                 dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
 

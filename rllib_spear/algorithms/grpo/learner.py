@@ -89,8 +89,14 @@ class GRPOTorchLearner(TorchLearner):
 
     @override(TorchLearner)
     def _make_module(self):
-        module = super()._make_module()
         config = self.config
+        if self.is_sharded and _rank() != 0:
+            from ...models.rl_module import empty_weights
+
+            with empty_weights():  # rank 0 reads the weights; the others get their shards from it
+                module = super()._make_module()
+        else:
+            module = super()._make_module()
         for mid in module.keys():
             rlm = module[mid]
             hf = _hf_model_of(rlm)
@@ -105,17 +111,32 @@ class GRPOTorchLearner(TorchLearner):
                 self._ref_model = copy.deepcopy(unwrap_causal_lm(hf)).eval()
                 self._ref_model.requires_grad_(False)
                 if self.is_sharded:
+                    full = dict(self._ref_model.state_dict()) if _rank() == 0 else None
                     sharding.shard_causal_lm(self._ref_model, mixed_precision=config.mixed_precision,
                                              cpu_offload=bool(config.cpu_offload))
+                    sharding.load_full_state_from_rank0(self._ref_model, full, self._device)
+                    del full
             if self.is_sharded:
                 import torch.distributed as dist
 
                 if not dist.is_initialized():
                     raise RuntimeError("sharding='fsdp' needs the learners' process group: use "
                                        ".learners(num_learners=N) with N >= 1 (remote learners)")
+                full = dict(hf.state_dict()) if _rank() == 0 else None  # CPU tensors, no copy
                 sharding.shard_causal_lm(hf, mixed_precision=config.mixed_precision,
                                          cpu_offload=bool(config.cpu_offload))
+                sharding.load_full_state_from_rank0(hf, full, self._device)
+                del full
+                rlm.compute_device = self._device
         return module
+
+    @override(TorchLearner)
+    def _map_module_to_device(self, module) -> None:
+        # FSDP moves each rank's shards to the mesh's device as it shards (and keeps them in CPU
+        # memory under cpu_offload): moving the whole model to the GPU first would need a full
+        # replica's memory on every rank, which is what sharding is for.
+        if not self.is_sharded:
+            super()._map_module_to_device(module)
 
     def _apply_activation_checkpointing(self, rlm, hf) -> None:
         """learners(activation_checkpointing=True/False) overrides model_config's switch."""
