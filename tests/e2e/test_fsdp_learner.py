@@ -10,7 +10,7 @@ are not zero) through one optimizer step, then compares the learners' weights:
   matmuls), so the tolerance is the bf16 error itself: their difference must be no larger than
   twice the difference between the autocast learner and the fp32 learner, and small against the
   update;
-* LoRA: 2 FSDP ranks == 1 learner to 1e-5 on the merged weights;
+* LoRA: 2 DDP ranks and 2 FSDP ranks == 1 learner to 1e-5 on the merged weights;
 * resume: a 2-rank checkpoint restored on 2 ranks gives the same next iteration (loss, grad norm,
   weights) as the run that never stopped, and restores on 1 learner (DCP re-shards on load).
 """
@@ -139,11 +139,17 @@ def test_fsdp_bf16_mixed_precision_matches_autocast(recorded, single_fp32, tiny_
     assert r_fsdp["grad_norm"] == pytest.approx(r_auto["grad_norm"], rel=0.05)
 
 
-def test_fsdp_lora_equals_single_learner(recorded, tiny_model):
-    w1, r1 = _one_step(_config(tiny_model, 0, lora=LORA), recorded)
-    w2, r2 = _one_step(_config(tiny_model, 2, sharding="fsdp", lora=LORA), recorded)
+@pytest.fixture(scope="module")
+def single_lora(recorded, tiny_model):
+    return _one_step(_config(tiny_model, 0, lora=LORA), recorded)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_two_ranks_equal_single_learner(recorded, single_lora, tiny_model, strategy):
+    w1, r1 = single_lora
+    w2, r2 = _one_step(_config(tiny_model, 2, sharding=strategy, lora=LORA), recorded)
     moved, diff = _diff(recorded["init"], w1), _diff(w1, w2)
-    print(f"\nLoRA: grad_norm {r1['grad_norm']:.6g} vs {r2['grad_norm']:.6g}; max diff {diff:.3g} (step {moved:.3g})")
+    print(f"\nLoRA {strategy}: grad_norm {r1['grad_norm']:.6g} vs {r2['grad_norm']:.6g}; max diff {diff:.3g} (step {moved:.3g})")
     assert moved > 1e-7
     assert r2["grad_norm"] == pytest.approx(r1["grad_norm"], rel=1e-4)
     assert diff < 1e-5

@@ -15,22 +15,22 @@ from rllib_spear import SPEARConfig
 from e2e_helpers import small_config
 
 
-def _params_and_grads(learner):
-    """{name: (whole weight, whole gradient or None)} on rank 0 (a collective under FSDP)."""
-    import torch.distributed as dist
-
-    from rllib_spear.models.sharding import full_tensor
-
-    mod = learner.module["default_policy"].unwrapped()
-    out = {n: (full_tensor(p.detach()).float().clone(),
-               None if p.grad is None else full_tensor(p.grad.detach()).float().clone())
-           for n, p in mod.named_parameters()}
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    return out if rank == 0 else None
-
-
 def _collect(algo):
-    res = algo.learner_group.foreach_learner(_params_and_grads)
+    """{name: (whole weight, whole gradient or None)} from rank 0 (a collective under FSDP)."""
+
+    def params_and_grads(learner):  # nested: Ray ships it by value to the learner actors
+        import torch.distributed as dist
+
+        from rllib_spear.models.sharding import full_tensor
+
+        mod = learner.module["default_policy"].unwrapped()
+        out = {n: (full_tensor(p.detach()).float().clone(),
+                   None if p.grad is None else full_tensor(p.grad.detach()).float().clone())
+               for n, p in mod.named_parameters()}
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return out if rank == 0 else None
+
+    res = algo.learner_group.foreach_learner(params_and_grads)
     return next(s for s in (r.get() for r in res.result_or_errors) if s is not None)
 
 
