@@ -19,9 +19,13 @@ time of the learner update (``GRPO._update_learners``: batch building, ``learner
 result aggregation; the region behind the algorithm's ``train_tokens_per_s``), averaged over the
 iterations after a warm-up.
 
-    python benchmarks/learner_memory.py [--trajs 16 --tokens 128 --iters 3 --mixed-precision bf16]
+    python benchmarks/learner_memory.py [--trajs 16 --tokens 128 --iters 3] [--layouts ddp-2,fsdp-2]
+    python benchmarks/learner_memory.py --mixed-precision bf16 --layouts ddp-2,fsdp-2
 
-Target: FSDP-2 / DDP-2 per-rank total <= 0.55.
+The default run takes about 4.5 minutes on 2 cores. ``--mixed-precision bf16`` leaves the state
+bytes as they are (fp32 master weights, gradients and AdamW state either way) and, on CPUs without
+native bf16 matrix units, is about 14x slower (14 minutes for two layouts on 2 cores).
+Results: docs/benchmarks/learner_memory.md. Target: FSDP-2 / DDP-2 per-rank total <= 0.55.
 """
 from __future__ import annotations
 
@@ -115,7 +119,7 @@ def run_layout(path, layout, trajs, args) -> dict:
     """Build the algorithm, replay ``trajs`` for 1 warm-up + ``args.iters`` iterations, return the
     per-rank state bytes and the timings."""
     sharding, n = LAYOUTS[layout]
-    threads = max(1, args.cores // n)
+    threads = args.threads or max(1, args.cores // n)
     cfg = make_config(path, layout, mixed_precision=args.mixed_precision, budget=args.budget,
                       group_size=args.group_size, tasks=len(trajs) // args.group_size, threads=threads)
     log(f"{layout}: building the algorithm ({n} learner rank(s), {sharding}, "
@@ -224,13 +228,17 @@ def print_report(results: dict, params: int, args) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layouts", default="ddp-1,ddp-2,fsdp-1,fsdp-2")
-    ap.add_argument("--mixed-precision", default=None, choices=[None, "bf16"])
+    ap.add_argument("--mixed-precision", default=None, choices=[None, "bf16"],
+                    help="learners(mixed_precision=...) for every layout (slow on CPU, see above)")
     ap.add_argument("--trajs", type=int, default=16, help="trajectories per iteration")
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128, help="mean trajectory length")
     ap.add_argument("--budget", type=int, default=1024, help="micro_batch_token_budget")
     ap.add_argument("--iters", type=int, default=3, help="timed iterations (after 1 warm-up)")
-    ap.add_argument("--cores", type=int, default=2, help="torch threads per layout, split over its ranks")
+    ap.add_argument("--cores", type=int, default=2, help="Ray CPUs")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per learner rank (0: --cores split over the ranks)")
+    ap.add_argument("--verbose", action="store_true", help="show the Ray workers' logs")
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
@@ -248,7 +256,7 @@ def main() -> int:
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).parameters())
     log(f"model {path}: {params / 1e6:.2f}M parameters, vocab {cfg['vocab_size']}")
     trajs = synthetic_trajectories(args.trajs, args.tokens, cfg["vocab_size"], seed=0, group_size=args.group_size)
-    ray.init(num_cpus=args.cores, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=args.cores, include_dashboard=False, log_to_driver=args.verbose,
              runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "lo", "RAY_AUTH_MODE": "disabled",
                                        "TOKENIZERS_PARALLELISM": "false"}})
     results = {}

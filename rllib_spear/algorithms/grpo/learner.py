@@ -90,6 +90,8 @@ class GRPOTorchLearner(TorchLearner):
     @override(TorchLearner)
     def _make_module(self):
         config = self.config
+        if self.is_sharded and self._device is not None and self._device.type == "cuda":
+            torch.cuda.set_device(self._device)  # FSDP's default mesh uses the current device
         if self.is_sharded and _rank() != 0:
             from ...models.rl_module import empty_weights
 
