@@ -1,8 +1,9 @@
-"""``rllib-spear`` command: train from a YAML config on Tune, evaluate a checkpoint.
+"""``rllib-spear`` command: train from a YAML config on Tune, evaluate a checkpoint, plan memory.
 
     rllib-spear train configs/spear_cpu_demo.yaml --set training.lr=5e-5 --set stop.training_iteration=5
     rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
     rllib-spear export results/spear_cpu_demo/<trial>/checkpoint_000010 exported_model/
+    rllib-spear plan configs/spear_qwen2.5_7b_search.yaml --gpu-memory-gb 80
 
 YAML layout: ``algorithm`` (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), ``stop``
 (Tune stop criteria), optional ``name``, ``storage_path``, ``checkpoint_freq``, ``num_samples``,
@@ -219,6 +220,32 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    """Print the memory plan of a config (rllib_spear/planner.py, docs/memory_planner.md); exit 1
+    when a declared GPU (``learners.gpu_memory_gb``, ``env_runners.engine_gpu_memory_gb`` or
+    ``--gpu-memory-gb``) cannot hold it, 2 when the config is invalid or its model has no shape."""
+    from rllib_spear import planner
+
+    overrides = list(args.set)
+    if args.gpu_memory_gb is not None:
+        overrides.append(f"learners.gpu_memory_gb={args.gpu_memory_gb}")
+    cfg = build_config(load_experiment(args.config, overrides))
+    try:
+        cfg.validate()
+    except ValueError as e:  # a memory-plan refusal is what this command reports below
+        if planner.MEMORY_ERROR not in str(e):
+            print(f"{args.config}: {e}", file=sys.stderr)
+            return 2
+    try:
+        plan = planner.plan(cfg)
+    except ValueError as e:
+        print(f"{args.config}: {e}", file=sys.stderr)
+        return 2
+    print(f"memory plan of {args.config} (GiB = 2^30 bytes)")
+    print(plan.format())
+    return 1 if plan.fits is False else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rllib-spear", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -241,6 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--module-id", default="default_policy")
     x.add_argument("--dtype", default=None, help="bfloat16 / float16 / float32 (default: the master dtype)")
     x.set_defaults(func=_export)
+    m = sub.add_parser("plan", help="print the GPU memory plan of a YAML config (exit 1: it does not fit)")
+    m.add_argument("config")
+    m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. learners.num_learners=8")
+    m.add_argument("--gpu-memory-gb", type=float, default=None,
+                   help="memory of one learner GPU in GiB (learners.gpu_memory_gb; engines too unless "
+                        "env_runners.engine_gpu_memory_gb is set)")
+    m.set_defaults(func=_plan)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -69,6 +69,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         engine_kwargs = dict(cfg.engine_kwargs or {})
         if cfg.engine == "hf":
             engine_kwargs.setdefault("dtype", cfg.model_config.get("dtype", "float32"))
+        else:  # vLLM sizes its context (and KV cache) by it; its own default is 4096 tokens
+            engine_kwargs.setdefault("max_model_len", int(cfg.max_model_len))
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
         sampling = SamplingConfig(
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,

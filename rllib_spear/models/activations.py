@@ -56,10 +56,12 @@ class Precision:
 
     ``weight_bytes``: bytes per element of the weights the forward reads (4 for float32, 2 for
     bf16: FSDP's bf16 all-gather, or bf16 storage); ``autocast``: ``torch.autocast(bf16)`` over
-    float32 weights (replicated learners with ``mixed_precision="bf16"``)."""
+    float32 weights (replicated learners with ``mixed_precision="bf16"``); ``gathered``: the bf16
+    weights are FSDP's all-gathered copies of float32 master weights (adapters included)."""
 
     weight_bytes: int = 4
     autocast: bool = False
+    gathered: bool = False
 
     @property
     def compute_bytes(self) -> int:
@@ -70,14 +72,14 @@ class Precision:
     def adapter_bytes(self) -> int:
         """LoRA adapters compute in: bf16 under autocast and FSDP's bf16 gather; float32 on float32
         weights, and on bf16 weights too (peft's ``autocast_adapter_dtype`` upcasts them)."""
-        return 2 if self.autocast else 4 if self.weight_bytes != 4 else 4
+        return 2 if self.autocast or self.gathered else 4
 
     @classmethod
     def of(cls, *, weight_dtype_bytes: int, mixed_precision: str | None, sharded: bool) -> "Precision":
         """The precision of a learner layout: FSDP + bf16 gathers bf16 weights; replicated + bf16
         autocasts float32 weights; no mixed precision computes in the storage dtype."""
         if mixed_precision == "bf16":
-            return cls(weight_bytes=2, autocast=False) if sharded else cls(weight_bytes=4, autocast=True)
+            return cls(weight_bytes=2, gathered=True) if sharded else cls(weight_bytes=4, autocast=True)
         return cls(weight_bytes=weight_dtype_bytes, autocast=False)
 
 
@@ -156,6 +158,8 @@ class _Trace:
             xa = self.new(x.elems, p.adapter_bytes, x.rg) if (p.autocast or xa.nbytes != p.adapter_bytes) else xa
             a = self.new(self.lora_r, p.adapter_bytes, True)
             self.keep(xa, a)  # lora_A keeps its input, lora_B lora_A's output
+            if p.autocast:  # and each its adapter's bf16 copy when its input needs grad
+                self.weight_copies += 2 * self.lora_r * (in_f * x.rg + out_f)
             y = self.new(out_f, p.compute_bytes, True)
         return y
 
@@ -218,7 +222,7 @@ def _trace(shape: "ModelShape", prec: Precision, *, checkpointing: bool, mask_le
     for _ in range(shape.layers if layers is None else layers):
         if checkpointing:
             tr.keep(x)  # the checkpoint keeps the block's input; the block is recomputed
-            x = tr.new(x.elems, max(x.nbytes, prec.compute_bytes if not prec.autocast else 4), True)
+            x = tr.new(x.elems, x.nbytes, True)  # the residual stream keeps the embeddings' dtype
         else:
             x = _block(tr, shape, x, cos, sin, mask_len, train_base)
     hidden = tr.rmsnorm(x, 1, train_base)
@@ -256,7 +260,7 @@ def block_saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_le
     x = tr.new(shape.hidden, x_bytes, True)
     cos, sin = tr.new(shape.head_dim, x_bytes, False), tr.new(shape.head_dim, x_bytes, False)
     _block(tr, shape, x, cos, sin, row_len if padded else 0, not tr.lora_targets)
-    tr.saved.pop(cos.sid, None)
-    tr.saved.pop(sin.sid, None)
+    for t in (x, cos, sin):  # already kept by the checkpoint (x) or once per micro-batch
+        tr.saved.pop(t.sid, None)
     return SavedBytes(tokens=rows * row_len, per_token=float(sum(tr.saved.values())),
                       weight_copies=tr.weight_copies)

@@ -55,6 +55,7 @@ class ModelShape:
     mlp_bias: bool
     qk_norm: bool
     dtype: str = "bfloat16"  # the checkpoint's torch_dtype (what the engines load by default)
+    max_position_embeddings: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | str | Path, name: str | None = None) -> "ModelShape":
@@ -89,6 +90,7 @@ class ModelShape:
             mlp_bias=bool(config.get("mlp_bias", False)),
             qk_norm=mt == "qwen3",
             dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 0),
         )
 
     # ------------------------------------------------------------------ widths
@@ -185,7 +187,9 @@ class ModelShape:
         return 2 * self.layers * kv_per_gpu * self.head_dim * dtype_bytes
 
     def summary(self) -> str:
-        return (f"{self.name}: {self.num_params / 1e9:.2f}B parameters ({self.num_params:,}), "
+        n = self.num_params
+        size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+        return (f"{self.name}: {size} parameters ({n:,}), "
                 f"{self.layers} layers, hidden {self.hidden}, intermediate {self.intermediate}, "
                 f"{self.heads} heads / {self.kv_heads} kv heads x {self.head_dim}, vocab {self.vocab}, "
                 f"{'tied' if self.tied else 'untied'} embeddings")

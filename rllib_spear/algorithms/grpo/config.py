@@ -132,6 +132,8 @@ class GRPOConfig(AlgorithmConfig):
         self.grad_clip = 1.0
         self.grad_clip_by = "global_norm"
         self.num_epochs = 1
+        # DDP's gradients as views into its all-reduce buckets: one gradient copy per rank less.
+        self.torch_ddp_kwargs = {"gradient_as_bucket_view": True}
         self.minibatch_size = None  # trajectories per optimizer step; None = whole batch
         self.env = "search_qa"
         self.env_config = {}
@@ -378,6 +380,26 @@ class GRPOConfig(AlgorithmConfig):
                 "(benchmarks/master_weights.py, one AdamW step at lr 1e-6: %s). Use "
                 ".learners(mixed_precision='bf16') with float32 master weights instead.",
                 dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
+        self._validate_memory_plan()
+
+    def _validate_memory_plan(self) -> None:
+        """With ``gpu_memory_gb`` (or ``engine_gpu_memory_gb``) declared, refuse a config whose memory
+        plan (rllib_spear/planner.py, ``rllib-spear plan``) does not fit, naming the knob to change.
+        Reads the model's config.json only (no weights, no torch); nothing to do when neither is set."""
+        if self.gpu_memory_gb is None and self.engine_gpu_memory_gb is None:
+            return
+        g = self.engine_gpu_memory_gb
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or g <= 0):
+            self._value_error(f"`engine_gpu_memory_gb` must be a number > 0 or None, got {g!r}")
+        from ...planner import MEMORY_ERROR, check_fits
+
+        try:
+            msg = check_fits(self)
+        except ValueError as e:  # no shape for the model, or a value the planner cannot size
+            msg = (f"{MEMORY_ERROR} cannot check that the config fits gpu_memory_gb / engine_gpu_memory_gb: {e} "
+                   "(or drop gpu_memory_gb to skip the check)")
+        if msg:
+            self._value_error(msg)
 
     def _warn_on_cold_start_call_format(self) -> None:
         """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);
