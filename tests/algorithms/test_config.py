@@ -176,9 +176,14 @@ def test_learner_layout_kwargs():
     ({"mixed_precision": "fp8"}, {}, "mixed_precision"),
     ({"mixed_precision": "bf16"}, {"dtype": "bfloat16"}, "float32"),
     ({"gpu_memory_gb": -1}, {}, "gpu_memory_gb"),
+    ({"sharding": "fsdp", "num_learners": 2, "_clip_by": "value"}, {}, "grad_clip_by"),
 ])
 def test_validate_learner_layout(learners, model_config, key):
+    learners = dict(learners)
+    clip_by = learners.pop("_clip_by", None)
     cfg = GRPOConfig().learners(**learners).rl_module(model_config={"model_path": "embedded", **model_config})
+    if clip_by:
+        cfg = cfg.training(grad_clip_by=clip_by)
     with pytest.raises(ValueError, match=key):
         cfg.validate()
 

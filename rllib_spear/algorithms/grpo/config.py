@@ -360,6 +360,9 @@ class GRPOConfig(AlgorithmConfig):
         if self.sharding == "fsdp" and self.num_learners < 1:
             err("`sharding='fsdp'` runs on remote learner ranks: set .learners(num_learners=N) with N >= 1 "
                 f"(got num_learners={self.num_learners})")
+        if self.sharding == "fsdp" and self.grad_clip is not None and self.grad_clip_by != "global_norm":
+            err("`sharding='fsdp'` clips by the global norm over all shards: set .training(grad_clip_by="
+                f"'global_norm') (got {self.grad_clip_by!r})")
         if self.cpu_offload and self.sharding != "fsdp":
             err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
         if self.gpu_memory_gb is not None and (not isinstance(self.gpu_memory_gb, (int, float))
