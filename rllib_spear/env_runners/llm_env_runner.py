@@ -121,6 +121,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value("generation_time_s", stats.generation_time_s, reduce="sum")
         self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")
         self.metrics.log_value("num_episodes", len(trajs), reduce="sum")
+        self.metrics.log_value("rollout_errors", stats.rollout_errors, reduce="sum")
         return {
             "trajectories": trajs,
             "worker_index": self.worker_index,
@@ -129,6 +130,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 "env_time_s": stats.env_time_s,
                 "generated_tokens": stats.generated_tokens,
                 "engine_calls": stats.engine_calls,
+                "rollout_errors": stats.rollout_errors,
                 "weights_seq_no": self._weights_seq_no,
             },
         }

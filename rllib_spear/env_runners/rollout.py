@@ -6,6 +6,13 @@ Token-in/token-out: the prompt is tokenized once from the environment's initial 
 the chat template; each assistant turn keeps exactly the ids the engine sampled (never decoded
 and re-encoded); each observation is tokenized once, wrapped by ``ObservationTemplate`` into a
 new user turn followed by the generation prompt of the next assistant turn.
+
+Robustness: model text and tool output pass through ``safe_text`` (lone surrogates and other
+code points a tokenizer cannot encode become U+FFFD) before they reach the environment or the
+tokenizer, and any exception while building a turn (decode, env step, observation formatting,
+tokenization, template) ends only that episode: it is marked truncated, its trajectory carries
+``info["rollout_error"] = "<ExceptionType>: message"`` (and ``info["rollout_error_stage"]``), and
+``RolloutStats.rollout_errors`` counts it. The other episodes of the batch go on normally.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from ..core.filters import is_overlong
 from ..core.trajectory import Segment, Trajectory
 from ..envs.base import ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
+from .text_safety import safe_text
 
 __all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout"]
 
@@ -77,6 +85,7 @@ class RolloutStats:
     env_time_s: float = 0.0
     generated_tokens: int = 0
     engine_calls: int = 0
+    rollout_errors: int = 0  # episodes ended by an exception while building a turn
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -93,6 +102,13 @@ class _Episode:
     truncated: bool = False
     reached_max_length: bool = False
     outcome_reward: float = 0.0
+    error: str | None = None  # "<ExceptionType>: message" when a turn raised
+    error_stage: str | None = None
+    env_error: str | None = None  # repr of an exception raised by env.step (older key)
+
+
+def _describe(exc: BaseException) -> str:
+    return safe_text(f"{type(exc).__name__}: {exc}")
 
 
 class MultiTurnRollout:
@@ -125,6 +141,10 @@ class MultiTurnRollout:
         self._env_pool.append(env)
 
     def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        messages = [
+            {**m, "content": safe_text(m["content"])} if isinstance(m, dict) and "content" in m else m
+            for m in messages
+        ]
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True
         )
@@ -179,35 +199,54 @@ class MultiTurnRollout:
         left_resp = cfg.max_response_tokens - ep.response_tokens
         return max(1, min(self.sampling.max_new_tokens, left_ctx, left_resp))
 
+    def _fail(self, ep: _Episode, stage: str, exc: BaseException, stats: RolloutStats) -> None:
+        """End ``ep`` as an errored, truncated episode (never re-raises)."""
+        ep.done, ep.truncated = True, True
+        if ep.error is None:
+            ep.error, ep.error_stage = _describe(exc), stage
+            stats.rollout_errors += 1
+
     def _consume(self, ep: _Episode, out: GenerationOutput, stats: RolloutStats) -> None:
-        cfg = self.config
-        ids = list(out.token_ids)
-        ep.segments.append(Segment("assistant", ids, list(out.logprobs), step=ep.turns))
+        """Append one assistant turn (and the observation after it) to ``ep``.
+
+        Any exception ends only this episode (``_fail``); state is committed only after every
+        step that may raise has succeeded, so the segments stay consistent."""
+        stage = "engine_output"
+        try:
+            ids = [int(t) for t in out.token_ids]
+            seg = Segment("assistant", ids, [float(x) for x in out.logprobs], step=ep.turns)
+        except Exception as exc:  # a malformed engine output for this sequence only
+            self._fail(ep, stage, exc, stats)
+            return
+        ep.segments.append(seg)
         ep.context.extend(ids)
         ep.response_tokens += len(ids)
         ep.turns += 1
         stats.generated_tokens += len(ids)
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        ep.texts.append(text)
         try:
-            res = ep.env.step(text)
-        except Exception as exc:  # environments must not crash a run; record and end it
-            ep.done, ep.truncated = True, True
-            ep.env_error = repr(exc)  # type: ignore[attr-defined]
+            stage = "decode"
+            text = safe_text(self.tokenizer.decode(ids, skip_special_tokens=True))
+            ep.texts.append(text)
+            stage = "env_step"
+            try:
+                res = ep.env.step(text)
+            except Exception as exc:  # environments must not crash a run; record and end it
+                ep.env_error = repr(exc)
+                raise
+            stage = "reward"
+            ep.outcome_reward += float(res.reward)
+            if res.done or res.observation is None:
+                ep.done = True
+                return
+            if ep.turns >= self.config.max_turns:
+                ep.done, ep.truncated = True, True
+                return
+            stage = "observation"
+            obs_ids = self._observation_ids(res.observation)
+        except Exception as exc:
+            self._fail(ep, stage, exc, stats)
             return
-        ep.outcome_reward += float(res.reward)
-        if res.done or res.observation is None:
-            ep.done = True
-            return
-        if ep.turns >= cfg.max_turns:
-            ep.done, ep.truncated = True, True
-            return
-        obs_ids = self.tokenizer.encode(self.obs_template.render(res.observation),
-                                        add_special_tokens=False)
-        if len(obs_ids) > cfg.max_observation_tokens:
-            # Keep the template suffix (next assistant header) so the format stays valid.
-            suffix = self.tokenizer.encode(self.obs_template.suffix, add_special_tokens=False)
-            obs_ids = obs_ids[: cfg.max_observation_tokens - len(suffix)] + suffix
+        cfg = self.config
         room_ctx = cfg.max_model_len - (len(ep.context) + len(obs_ids))
         room_resp = cfg.max_response_tokens - (ep.response_tokens + len(obs_ids))
         if min(room_ctx, room_resp) < cfg.min_generation_tokens:
@@ -218,8 +257,26 @@ class MultiTurnRollout:
         ep.context.extend(obs_ids)
         ep.response_tokens += len(obs_ids)
 
+    def _observation_ids(self, observation: Any) -> list[int]:
+        """Tokens of the observation wrapped by the template (tail cut to the budget)."""
+        cfg = self.config
+        rendered = self.obs_template.render(safe_text(observation))
+        obs_ids = [int(t) for t in self.tokenizer.encode(rendered, add_special_tokens=False)]
+        if len(obs_ids) > cfg.max_observation_tokens:
+            # Keep the template suffix (next assistant header) so the format stays valid.
+            suffix = [int(t) for t in self.tokenizer.encode(self.obs_template.suffix,
+                                                             add_special_tokens=False)]
+            obs_ids = obs_ids[: cfg.max_observation_tokens - len(suffix)] + suffix
+        return obs_ids
+
     def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
-        stats = dict(ep.env.episode_stats())
+        try:
+            stats = dict(ep.env.episode_stats())
+        except Exception as exc:  # a broken env must not lose the batch either
+            stats = {}
+            ep.truncated = True
+            if ep.error is None:
+                ep.error, ep.error_stage = _describe(exc), "episode_stats"
         reached = ep.reached_max_length or is_overlong(ep.response_tokens, self.config.max_response_tokens)
         info = {
             **stats,
@@ -227,9 +284,15 @@ class MultiTurnRollout:
             "reached_max_length": bool(reached),
             "assistant_texts": ep.texts,
         }
-        if hasattr(ep, "env_error"):
-            info["env_error"] = ep.env_error  # type: ignore[attr-defined]
-        outcome = float(stats.get("outcome_reward", ep.outcome_reward))
+        if ep.env_error is not None:
+            info["env_error"] = ep.env_error
+        if ep.error is not None:
+            info["rollout_error"] = ep.error
+            info["rollout_error_stage"] = ep.error_stage
+        try:
+            outcome = float(stats.get("outcome_reward", ep.outcome_reward))
+        except (TypeError, ValueError):
+            outcome = float(ep.outcome_reward)
         self._release_env(ep.env)
         return Trajectory(
             uid=ep.uid, segments=ep.segments, outcome_reward=outcome,

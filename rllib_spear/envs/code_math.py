@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from rllib_spear.envs.base import StepResult, ToolEnv
-from rllib_spear.envs.parsers import CodeParser, HermesParser, begin_turn, extract_boxed
+from rllib_spear.envs.parsers import MAX_CALLS_PER_TURN, CodeParser, HermesParser, begin_turn, clip, extract_boxed
 from rllib_spear.envs.sandbox import PythonSandbox, SandboxConfig
 
 __all__ = ["CodeMathEnv", "math_answers_match", "CODE_PROMPTS"]
@@ -40,6 +40,10 @@ CODE_PROMPTS = {
 }
 
 _SANDBOXES: dict[tuple, PythonSandbox] = {}
+# Room outside ``max_obs_chars`` for tags, the truncation remark and error text: an observation is
+# never longer than ``max_obs_chars + OBS_SLACK_CHARS`` (``obs_budget``).
+OBS_SLACK_CHARS = 1024
+_ERROR_CHARS = 300  # an interpreter / parser error line is cut to this
 
 
 def _normalize_math(s: str) -> str:
@@ -81,12 +85,13 @@ class CodeMathEnv(ToolEnv):
     def __init__(self, *, parser: str = "code", max_turns: int = 4, max_obs_chars: int = 1000,
                  stateful: bool = False, sandbox: PythonSandbox | None = None,
                  sandbox_config: dict | SandboxConfig | None = None, correct_reward: float = 1.0,
-                 wrong_reward: float = -1.0, system_prompt: str | None = None):
+                 wrong_reward: float = -1.0, system_prompt: str | None = None,
+                 max_calls_per_turn: int = MAX_CALLS_PER_TURN):
         if parser == "code":
             self.parser = CodeParser()
         elif parser == "hermes":
             self.parser = HermesParser({"code_interpreter": ("code_interpreter", "code"),
-                                        "python": ("code_interpreter", "code")})
+                                        "python": ("code_interpreter", "code")}, max_calls=max_calls_per_turn)
         else:
             raise ValueError(f"unknown parser {parser!r} for code_math (code|hermes)")
         self.parser_name = parser
@@ -101,6 +106,9 @@ class CodeMathEnv(ToolEnv):
         if isinstance(sandbox_config, dict):
             sandbox_config = SandboxConfig(**sandbox_config)
         self._sandbox_config = sandbox_config or SandboxConfig(wall_timeout_s=10.0, cpu_time_s=5)
+        # Select the backend now, so that a machine without bubblewrap refuses when the runner
+        # starts (naming the fix), not at the first tool call of a training run.
+        _ = self.sandbox
         self.done = True
         self._new_episode()
 
@@ -134,23 +142,36 @@ class CodeMathEnv(ToolEnv):
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": str(task["prompt"])}]
 
-    def _format_output(self, res) -> str:
-        out = res.output
-        if len(out) > self.max_obs_chars:
-            out = out[: self.max_obs_chars] + f"\n...[output truncated, {len(res.output)} chars in total]"
+    @property
+    def obs_budget(self) -> int:
+        """Most characters of one observation (all calls, tags and error text included)."""
+        return max(self.max_obs_chars, 0) + OBS_SLACK_CHARS
+
+    def _format_output(self, res, limit: int | None = None) -> str:
+        limit = self.max_obs_chars if limit is None else limit
+        out = res.output or ""
+        if len(out) > limit:
+            out = out[:limit] + f"\n...[output truncated, {len(res.output)} chars in total]"
         if res.error:
-            out = (out + "\n" if out else "") + f"Error: {res.error}"
+            out = (out + "\n" if out else "") + clip(f"Error: {res.error}", _ERROR_CHARS)
         if not out.strip():
             out = "(no output; use print() to see values)"
         return out
 
-    def _run(self, code: str) -> str:
+    def _run(self, code: str, limit: int | None = None) -> str:
         res = self.sandbox.run(code, history=self.history if self.stateful else None)
         if not res.ok:
             self.exec_errors += 1
         elif self.stateful:
             self.history.append(code)
-        return self._format_output(res)
+        return self._format_output(res, limit)
+
+    def _bound(self, obs: str) -> str:
+        """Safety net: an observation over ``obs_budget`` is cut, keeping its closing tag."""
+        if len(obs) <= self.obs_budget:
+            return obs
+        close = f"</{self.tag}>"
+        return clip(obs[: -len(close)], self.obs_budget - len(close)) + close
 
     def step(self, assistant_text: str) -> StepResult:
         turn = begin_turn(self, assistant_text)
@@ -169,13 +190,16 @@ class CodeMathEnv(ToolEnv):
         if parsed.kind == "tool":
             self.tool_calls += 1
             parts = []
-            for call in parsed.calls:
-                text = f"Error: {call.error}" if call.error else self._run(call.arguments["code"])
+            calls = parsed.calls[: max(1, getattr(self.parser, "max_calls", 1))]
+            per_call = max(1, self.max_obs_chars // len(calls))  # parallel calls share the budget
+            for call in calls:
+                text = (clip(f"Error: {call.error}", _ERROR_CHARS) if call.error
+                        else self._run(call.arguments["code"], per_call))
                 parts.append(f"<{self.tag}>{text}</{self.tag}>")
-            obs = "\n".join(parts)
+            obs = self._bound("\n".join(parts))
         else:
             self.format_errors.append(f"turn {self.turns}: {parsed.error}")
-            obs = f"<{self.tag}>Error: {parsed.error}</{self.tag}>"
+            obs = self._bound(f"<{self.tag}>Error: {clip(parsed.error, self.obs_budget)}</{self.tag}>")
             info["error"] = parsed.error
         return StepResult(obs, 0.0, False, info)
 
@@ -200,4 +224,7 @@ class CodeMathEnv(ToolEnv):
             "turns": self.turns,
             "exec_errors": self.exec_errors,
             "answer": self.answer,
+            # which isolation ran this episode's code; "weak" = not bubblewrap (allow_weak_sandbox)
+            "sandbox_backend": self.sandbox.backend,
+            "sandbox_weak": self.sandbox.backend != "bwrap",
         }

@@ -42,12 +42,44 @@ __all__ = [
     "ActionParser",
     "make_parser",
     "PARSERS",
+    "MAX_PARSE_CHARS",
+    "MAX_CALLS_PER_TURN",
+    "MAX_QUERIES_PER_CALL",
+    "MAX_ECHO_CHARS",
+    "echo",
+    "clip",
 ]
 
-# Model output longer than this is cut before parsing (regexes stay linear-time on the cut text).
+# Model output longer than this is cut before parsing. Every parser is linear time on the cut text:
+# tags and fences are found with str.find and single forward scans; the only regexes left
+# (``\(?:boxed|fbox)\s*\{``, ``</?think>``) have one quantifier each, over runs that different
+# match attempts cannot share, so they cannot backtrack quadratically.
 MAX_PARSE_CHARS = 200_000
 # A single query longer than this is cut (BM25 over a 20k-char query is pointless and slow).
 MAX_QUERY_CHARS = 512
+# Default caps per turn (configurable per parser / env): tool calls executed in one turn and
+# queries run by one search call (the SPADER default of 8 queries per call).
+MAX_CALLS_PER_TURN = 4
+MAX_QUERIES_PER_CALL = 8
+# Model-written text echoed back in an error (an unknown tool name, ...) is cut to this prefix.
+MAX_ECHO_CHARS = 64
+
+
+def echo(text: Any, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr`` of at most ``limit`` characters of model-written text, for error messages."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) <= limit:
+        return repr(s)
+    return repr(s[:limit]) + f"...({len(s)} chars)"
+
+
+def clip(text: str, limit: int | None, marker: str = "\n...[truncated]") -> str:
+    """``text`` cut to at most ``limit`` characters (a marker at the end shows the cut)."""
+    if limit is None or len(text) <= limit:
+        return text
+    if limit <= len(marker):
+        return text[: max(limit, 0)]
+    return text[: limit - len(marker)] + marker
 
 
 @dataclass
@@ -236,8 +268,8 @@ class SpaderParser:
     name = "spader"
     tag = "tool_response"
 
-    def __init__(self, max_queries: int = 16):
-        self.max_queries = max_queries
+    def __init__(self, max_queries: int = MAX_QUERIES_PER_CALL):
+        self.max_queries = max(1, int(max_queries))
 
     @staticmethod
     def _block_queries(block: str) -> tuple[list[str] | None, str | None]:
@@ -301,11 +333,13 @@ class HermesParser:
     name = "hermes"
     tag = "tool_response"
 
-    def __init__(self, tools: dict[str, tuple[str, str]] | None = None, max_calls: int = 4):
+    def __init__(self, tools: dict[str, tuple[str, str]] | None = None, max_calls: int = MAX_CALLS_PER_TURN,
+                 max_queries: int = MAX_QUERIES_PER_CALL):
         self.tools = tools or {"search": ("search", "query")}
-        self.max_calls = max_calls
+        self.max_calls = max(1, int(max_calls))
+        self.max_queries = max(1, int(max_queries))
 
-    def _one(self, block: str) -> tuple[ToolCall, int]:
+    def _one(self, block: str, notes: list[str] | None = None) -> tuple[ToolCall, int]:
         try:
             obj = json.loads(block.strip())
         except (ValueError, RecursionError) as e:
@@ -314,7 +348,7 @@ class HermesParser:
             return ToolCall("error", {}, error='expected {"name": ..., "arguments": {...}}'), 1
         name = obj["name"]
         if name not in self.tools:
-            return ToolCall("error", {}, error=f"unknown tool {name!r}; available: {sorted(self.tools)}"), 1
+            return ToolCall("error", {}, error=f"unknown tool {echo(name)}; available: {sorted(self.tools)}"), 1
         args = obj.get("arguments", {})
         if isinstance(args, str):
             try:
@@ -333,7 +367,12 @@ class HermesParser:
             qs = _clean_queries(ql)
             if not qs:
                 return ToolCall("error", {}, error="empty query"), 1
-            return ToolCall("search", {"queries": qs}), len(qs)
+            n = len(qs)  # the requested count is what the step is charged (as for spader)
+            if n > self.max_queries:
+                qs = qs[: self.max_queries]
+                if notes is not None:
+                    notes.append(f"only the first {self.max_queries} queries of a call were run")
+            return ToolCall("search", {"queries": qs}), n
         val = args.get(key)
         if not isinstance(val, str) or not val.strip():
             return ToolCall("error", {}, error=f"argument {key!r} must be a non-empty string"), 1
@@ -351,37 +390,66 @@ class HermesParser:
         if len(blocks) > self.max_calls:
             return ParsedTurn("invalid", error=f"at most {self.max_calls} tool calls per turn",
                               num_queries=len(blocks))
-        calls, n = [], 0
+        calls, n, notes = [], 0, []
         for b in blocks:
-            c, k = self._one(b)
+            c, k = self._one(b, notes)
             calls.append(c)
             n += k
+        notes = list(dict.fromkeys(notes))
         if all(c.error for c in calls):
             return ParsedTurn("invalid", error="; ".join(c.error for c in calls), num_queries=n)
-        return ParsedTurn("tool", calls=calls, num_queries=n)
+        return ParsedTurn("tool", calls=calls, num_queries=n, notes=notes)
 
 
-_FENCE_ANY = re.compile(r"```[ \t]*(?:python3|python|py)?[ \t]*\n")
-_FENCE_PY = re.compile(r"```[ \t]*(?:python3|python|py)[ \t]*\n")
+_LANGS_PY = ("python3", "python", "py")
+_LANGS_ANY = _LANGS_PY + ("",)
 
 
-def _fences(text: str, pattern: re.Pattern) -> tuple[list[str], bool]:
-    """Code inside fences opened by ``pattern`` and closed by ```` ``` ````, linear time; also
-    whether a fence is left unclosed."""
+def _skip_blanks(text: str, i: int) -> int:
+    n = len(text)
+    while i < n and text[i] in " \t":
+        i += 1
+    return i
+
+
+def _fence_open_end(text: str, i: int, langs: tuple[str, ...]) -> int:
+    r"""End of a fence opener ```` ```[ \t]*(lang)?[ \t]*\n ```` starting at ``i`` (where
+    ```` ``` ```` is), or -1. A deterministic scan with the same result as the regex (the first
+    language that is followed by blanks and a newline wins); no backtracking."""
+    a = _skip_blanks(text, i + 3)
+    for lang in langs:
+        if lang and not text.startswith(lang, a):
+            continue
+        c = _skip_blanks(text, a + len(lang))
+        if c < len(text) and text[c] == "\n":
+            return c + 1
+    return -1
+
+
+def _fences(text: str, langs: tuple[str, ...]) -> tuple[list[str], bool]:
+    r"""Code inside fences opened by ```` ```lang\n ```` (``langs``, "" = no language) and closed
+    by ```` ``` ````; also whether a fence is left unclosed. Linear time: the blank runs scanned
+    after different ```` ``` ```` starts are disjoint, and every closing search starts past the
+    previous one."""
     out, pos = [], 0
     while True:
-        m = pattern.search(text, pos)
-        if m is None:
+        i = text.find("```", pos)
+        if i < 0:
             return out, False
-        j = text.find("```", m.end())
+        end = _fence_open_end(text, i, langs)
+        if end < 0:
+            pos = i + 1
+            continue
+        j = text.find("```", end)
         if j < 0:
             return out, True
-        out.append(text[m.end() : j])
+        out.append(text[end:j])
         pos = j + 3
 
 
 def _strip_fence(code: str) -> str:
-    blocks, _ = _fences(code, _FENCE_ANY)
+    """The code of the first fenced block in ``code`` (any or no language), else ``code``."""
+    blocks, _ = _fences(code, _LANGS_ANY)
     return blocks[0] if blocks else code
 
 
@@ -394,12 +462,14 @@ class CodeParser:
     def parse(self, text: str) -> ParsedTurn:
         text = _cut(text)
         blocks, unclosed = _blocks(text, "code")
+        if len(blocks) > 1:
+            return ParsedTurn("invalid", error="only one code block per turn", num_queries=len(blocks))
         if blocks:
             codes = [_strip_fence(b) for b in blocks]
         else:
             if unclosed:
                 return ParsedTurn("invalid", error="unclosed <code> tag")
-            codes, fence_open = _fences(text, _FENCE_PY)
+            codes, fence_open = _fences(text, _LANGS_PY)
             if not codes and fence_open:
                 return ParsedTurn("invalid", error="unclosed ```python fence")
         if not codes:

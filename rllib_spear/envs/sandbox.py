@@ -11,7 +11,14 @@ with an error), open files, no core dumps. Interpreter state can persist across 
 (``PythonSandbox.run(code, history=...)``): earlier cells are re-executed silently before the new
 one, so the sandbox itself stays stateless.
 
-Isolation backends (``backend="auto"`` picks the first that works on this machine, probed once):
+Isolation backends. ``backend="auto"`` uses ``bwrap``; without a working bubblewrap it refuses
+to start (``RuntimeError`` naming the fix) unless ``allow_weak_sandbox=True``, then it warns and
+uses ``unshare`` or ``process``. The backend in use: ``PythonSandbox.backend`` and
+``SandboxResult.backend``. Sandbox uids are allocated node-wide (one ``flock``ed lock file per
+uid, held for the execution); cleanup only kills the execution's own session / PID namespace and
+stragglers under its exclusively held uid. Disk: ``scratch_quota_mb`` in all (bwrap: a sized
+tmpfs as ``/sandbox`` with ``/tmp`` linked to it and ``/dev`` read-only; other backends: the
+scratch dir is measured every 50 ms and the cell killed past the quota):
 
 ``bwrap`` (bubblewrap, Debian package ``bubblewrap``): new PID, network, IPC, UTS (and cgroup)
     namespaces; a new root filesystem that holds only ``/usr`` (+ the ``/bin``, ``/lib*`` links),
@@ -47,8 +54,11 @@ unprivileged uid (e.g. a Python under ``/root``) cannot be imported by the model
 """
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
+import random
 import select
 import shutil
 import signal
@@ -57,8 +67,11 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["SandboxConfig", "SandboxResult", "PythonSandbox", "available_backends", "run_python"]
 
@@ -89,6 +102,12 @@ for m in cfg["preimport"]:
     except Exception:
         pass
 import traceback
+SFD = cfg["status_fd"]
+if SFD is not None:
+    try:
+        os.set_inheritable(SFD, False)
+    except OSError:
+        SFD = None
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 L = cfg["limits"]
 def lim(r, v):
@@ -119,6 +138,7 @@ g = {"__name__": "__main__", "__builtins__": __builtins__}
 def run(src, name):
     exec(compile(src, name, "exec"), g)
 rc = 0
+status = {}
 out, err = sys.stdout, sys.stderr
 try:
     run(cfg["preamble"], "<preamble>")
@@ -136,6 +156,10 @@ except SystemExit as e:
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
 except BaseException as e:
     sys.stdout, sys.stderr = out, err
+    if isinstance(e, MemoryError):
+        status["memory"] = True
+    elif isinstance(e, OSError) and e.errno in (28, 122):  # ENOSPC, EDQUOT
+        status["disk_full"] = True
     tb = e.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next
@@ -148,6 +172,18 @@ try:
     sys.stdout.flush(); sys.stderr.flush()
 except BaseException:
     pass
+if cfg["quota_fs"]:
+    try:
+        st = os.statvfs(cfg["cwd"])
+        if st.f_bavail * st.f_frsize < 256 * 1024:
+            status["disk_full"] = True
+    except OSError:
+        pass
+if SFD is not None and status:
+    try:
+        os.write(SFD, json.dumps(status).encode())
+    except OSError:
+        pass
 os._exit(rc)
 '''
 
@@ -162,8 +198,10 @@ class SandboxConfig:
     max_processes: int = 16
     max_file_mb: int = 16
     max_open_files: int = 64
-    max_output_bytes: int = 1 << 20
-    backend: str = "auto"  # auto | bwrap | unshare | process
+    max_output_bytes: int = 1 << 20  # output cap: stdout+stderr bytes in all; killed past it
+    scratch_quota_mb: int = 64  # total bytes the cell may keep in its writable scratch dir
+    backend: str = "auto"  # auto (= bwrap, see allow_weak_sandbox) | bwrap | unshare | process
+    allow_weak_sandbox: bool = False  # auto without usable bubblewrap: fall back (warning) instead of refusing
     python: str | None = None  # default: the running interpreter
     site_packages: bool = True  # make this environment's site-packages importable (read-only)
     preamble: str = DEFAULT_PREAMBLE
@@ -207,25 +245,51 @@ def _site_dirs() -> list[str]:
     return dirs
 
 
+def _lock_dir() -> str:
+    """Node-wide directory of uid lock files, private to the caller's euid (root: under /run)."""
+    d = os.environ.get("RLLIB_SPEAR_SANDBOX_LOCK_DIR") or (
+        "/run/rllib_spear_sandbox_uids" if _is_root() and os.access("/run", os.W_OK)
+        else os.path.join(tempfile.gettempdir(), f"rllib_spear_sandbox_uids_{os.geteuid()}"))
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    import stat as _stat
+    if not _stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"sandbox uid lock dir {d} is not a private directory of uid {os.geteuid()}")
+    return d
+
+
 class _UidPool:
+    """Node-wide uid allocation: uid N is held by an exclusive ``flock`` on ``<lock dir>/N.lock``
+    for the whole execution, so no two concurrent executions in any processes on this node share
+    a uid (hence ``RLIMIT_NPROC`` and the leftover-process sweep are per execution). The kernel
+    drops the lock when its holder dies, so a crashed runner never leaks a uid."""
+
     def __init__(self):
         self._lock = threading.Lock()
-        self._used: set[int] = set()
-        self._next = 0
+        self._next = random.randrange(1 << 30)  # spread the processes' starting points
 
-    def acquire(self, base: int, count: int) -> int:
+    def acquire(self, base: int, count: int) -> tuple[int, int]:
+        d = _lock_dir()
         with self._lock:
-            for k in range(count):
-                uid = base + (self._next + k) % count
-                if uid not in self._used:
-                    self._used.add(uid)
-                    self._next = (self._next + k + 1) % count
-                    return uid
+            start = self._next
+            self._next += 1
+        for k in range(count):
+            uid = base + (start + k) % count
+            fd = os.open(os.path.join(d, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            return uid, fd
         raise RuntimeError("sandbox uid pool exhausted")
 
-    def release(self, uid: int) -> None:
-        with self._lock:
-            self._used.discard(uid)
+    @staticmethod
+    def release(fd: int) -> None:
+        os.close(fd)
 
 
 _UIDS = _UidPool()
@@ -280,8 +344,30 @@ def _kill_uid(uid: int, python: str) -> None:
         time.sleep(0.01)
 
 
-def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool) -> list[str]:
-    cmd = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+def _dir_bytes(path: str) -> int:
+    """Disk use of a directory tree (allocated blocks, symlinks not followed)."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for e in it:
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += max(st.st_blocks * 512, 0)
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(e.path)
+        except OSError:
+            continue
+    return total
+
+
+def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool, quota_bytes: int) -> list[str]:
+    # --as-pid-1: the launcher is the namespace init and bwrap's direct child, so wait4() on bwrap
+    # reports its CPU time (kill reasons) and the whole namespace dies when it exits.
+    cmd = ["bwrap", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-ipc", "--unshare-uts",
            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
            "--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -289,8 +375,9 @@ def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool) -> list[s
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    made = {"/", "/usr", "/tmp", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"}
+    # /dev read-only (no RAM-backed /dev/shm outside the quota); /tmp is the scratch dir.
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    made = {"/", "/usr", "/tmp", "/sandbox", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"}
     for p in ro_paths:
         if p.startswith("/usr/") or p == "/usr":
             continue
@@ -302,7 +389,9 @@ def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool) -> list[s
                 made.add(anc)
         cmd += ["--ro-bind", p, p]
         made.add(p)
-    cmd += ["--bind", workdir, "/sandbox", "--chdir", "/sandbox",
+    # the only writable place: a size-limited tmpfs (the scratch quota), gone with the namespace
+    cmd += ["--perms", "0777", "--size", str(int(quota_bytes)), "--tmpfs", "/sandbox", "--symlink", "/sandbox", "/tmp",
+            "--ro-bind", os.path.join(workdir, ".cells.json"), "/.cells.json", "--chdir", "/sandbox",
             "--setenv", "HOME", "/sandbox", "--setenv", "TMPDIR", "/sandbox",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]
     if root:
@@ -338,19 +427,32 @@ class PythonSandbox:
 
     def _select_backend(self) -> str:
         want = self.config.backend
-        order = ["bwrap", "unshare", "process"] if want == "auto" else [want]
-        for b in order:
-            if b not in ("bwrap", "unshare", "process"):
-                raise ValueError(f"unknown sandbox backend {b!r}")
-            if b == "bwrap" and not shutil.which("bwrap"):
-                continue
-            if b == "unshare" and (not shutil.which("unshare") or not _is_root()):
-                continue
-            if b == "process" or self._probe(b):
-                return b
-        if want != "auto":
-            raise RuntimeError(f"sandbox backend {want!r} is not usable on this machine")
-        return "process"
+        if want not in ("auto", "bwrap", "unshare", "process"):
+            raise ValueError(f"unknown sandbox backend {want!r}")
+        if want == "auto":
+            if shutil.which("bwrap") and self._probe("bwrap"):
+                return "bwrap"
+            why = ("bubblewrap (bwrap) is not installed" if not shutil.which("bwrap")
+                   else "bubblewrap (bwrap) is installed but does not work here (namespaces disallowed?)")
+            if not self.config.allow_weak_sandbox:
+                raise RuntimeError(
+                    f"refusing to run model-written code: {why}. Fix: install bubblewrap "
+                    "(`apt-get install bubblewrap`, or run scripts/install.sh as root), or accept a weaker "
+                    "sandbox with allow_weak_sandbox=True in SandboxConfig (env_config "
+                    "'sandbox_config': {'allow_weak_sandbox': True}).")
+            weak = "unshare" if shutil.which("unshare") and _is_root() and self._probe("unshare") else "process"
+            msg = (f"{why}; allow_weak_sandbox=True, so model-written code runs in the weaker "
+                   f"{weak!r} sandbox backend (host files visible{'' if weak == 'unshare' else ', network open'})")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            logger.warning(msg)
+            return weak
+        if want == "bwrap" and not shutil.which("bwrap"):
+            raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap: apt-get install bubblewrap")
+        if want == "unshare" and (not shutil.which("unshare") or not _is_root()):
+            raise RuntimeError("sandbox backend 'unshare' needs util-linux unshare and root")
+        if want == "process" or self._probe(want):
+            return want
+        raise RuntimeError(f"sandbox backend {want!r} is not usable on this machine")
 
     # -- execution ---------------------------------------------------------------------------
     def run(self, code: str, history: list[str] | None = None) -> SandboxResult:
@@ -366,11 +468,16 @@ class PythonSandbox:
         cfg = self.config
         py = _python(cfg)
         root = _is_root()
-        uid = _UIDS.acquire(cfg.uid_base, cfg.uid_count) if root else None
-        workdir = tempfile.mkdtemp(prefix="rllib_spear_sbx_")
+        uid, lock_fd = _UIDS.acquire(cfg.uid_base, cfg.uid_count) if root else (None, None)
+        workdir = None
+        status_r = status_w = None
         t0 = time.monotonic()
-        res = None
         try:
+            if uid is not None and _count_uid_processes(uid):
+                # we hold this uid exclusively node-wide: what still runs under it is an orphan
+                # of an execution whose runner crashed (process backend); not anyone's live cell.
+                _kill_uid(uid, py)
+            workdir = tempfile.mkdtemp(prefix="rllib_spear_sbx_")
             cells_path = os.path.join(workdir, ".cells.json")
             with open(cells_path, "w", encoding="utf-8") as f:
                 json.dump([c if isinstance(c, str) else str(c) for c in cells], f)
@@ -381,6 +488,7 @@ class PythonSandbox:
                 os.chmod(cells_path, 0o600)
                 os.chown(workdir, uid, uid)
                 os.chmod(workdir, 0o711)
+            status_r, status_w = os.pipe()
             site = _site_dirs() if cfg.site_packages else []
             nproc = cfg.max_processes
             if uid is None:
@@ -389,8 +497,10 @@ class PythonSandbox:
             lcfg = {
                 "uid": uid,
                 "cwd": inner_cwd,
-                "cells": os.path.join(inner_cwd, ".cells.json"),
+                "cells": "/.cells.json" if backend == "bwrap" else cells_path,
                 "site": site,
+                "status_fd": status_w,
+                "quota_fs": backend == "bwrap",
                 "preimport": [] if backend == "bwrap" else cfg.preimport,
                 "preamble": "" if probe else cfg.preamble,
                 "limits": {"cpu": int(max(1, cfg.cpu_time_s)), "as": int(cfg.memory_mb) << 20,
@@ -401,38 +511,62 @@ class PythonSandbox:
             env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                    "PATH": "/usr/bin:/bin"}
             if backend == "bwrap":
-                cmd = _bwrap_cmd(py, [_python_prefix(py), *site], workdir, root) + ["--", *argv]
+                cmd = (_bwrap_cmd(py, [_python_prefix(py), *site], workdir, root, self._quota_bytes())
+                       + ["--", *argv])
             elif backend == "unshare":
                 cmd = _unshare_prefix() + ["--", *argv]
             else:
                 cmd = argv
-            res = self._communicate(cmd, env, workdir, backend, t0)
-            return res
+            return self._communicate(cmd, env, workdir, backend, t0, status_r, status_w)
         finally:
+            for fd in (status_r, status_w):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
             if uid is not None:
-                # bwrap: the PID namespace dies with its init, but killed trees may linger a
-                # moment; sweep the uid after abnormal ends. Other backends: always sweep.
-                if backend != "bwrap" or res is None or not res.ok:
+                # The cell's session / PID namespace was killed above. Stragglers (code that
+                # escaped the session with setsid, a namespace still being torn down) run under
+                # the uid that this execution holds exclusively node-wide, so sweeping that uid
+                # only reaches this cell's own processes. Then the uid lock is released.
+                if _count_uid_processes(uid):
                     _kill_uid(uid, py)
-                _UIDS.release(uid)
-            shutil.rmtree(workdir, ignore_errors=True)
+                _UIDS.release(lock_fd)
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
 
-    def _communicate(self, cmd, env, workdir, backend, t0) -> SandboxResult:
+    def _quota_bytes(self) -> int:
+        return max(1, int(self.config.scratch_quota_mb)) << 20
+
+    def _communicate(self, cmd, env, workdir, backend, t0, status_r, status_w) -> SandboxResult:
         cfg = self.config
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, cwd=workdir, close_fds=True,
-                                start_new_session=True)
+                                pass_fds=(status_w,), start_new_session=True)
         fd = proc.stdout.fileno()
         buf = bytearray()
-        timed_out = truncated = False
+        timed_out = truncated = over_quota = False
+        quota = self._quota_bytes()
+        # bwrap: the kernel enforces the quota (tmpfs size); elsewhere we measure the scratch dir
+        measure = backend != "bwrap"
         deadline = t0 + cfg.wall_timeout_s
+        next_check = 0.0
+        cpu = None
+        rc = None
         try:
             while True:
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     timed_out = True
                     break
-                r, _, _ = select.select([fd], [], [], min(left, 0.25))
+                if measure and now >= next_check:
+                    next_check = now + 0.05
+                    if _dir_bytes(workdir) > quota:
+                        over_quota = True
+                        break
+                r, _, _ = select.select([fd], [], [], min(left, 0.05 if measure else 0.25))
                 if not r:
                     continue
                 chunk = os.read(fd, 1 << 16)
@@ -444,46 +578,84 @@ class PythonSandbox:
                     truncated = True
                     break
                 buf += chunk
-            if timed_out or truncated:
+            if timed_out or truncated or over_quota:
                 self._kill(proc)
-            try:
-                rc = proc.wait(timeout=max(0.5, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            rc, cpu = self._wait(proc, max(0.5, deadline - time.monotonic()))
+            if rc is None:
                 timed_out = True
                 self._kill(proc)
-                rc = proc.wait(timeout=5)
+                rc, cpu = self._wait(proc, 5)
         finally:
-            if proc.poll() is None:
+            if proc.returncode is None:
                 self._kill(proc)
-                proc.wait(timeout=5)
+                self._wait(proc, 5)
             proc.stdout.close()
-        err = None
+        status = {}
+        try:
+            os.set_blocking(status_r, False)
+            status = json.loads(os.read(status_r, 1 << 12) or b"{}")
+            status = status if isinstance(status, dict) else {}
+        except (OSError, ValueError):
+            status = {}
+        if measure and not over_quota and _dir_bytes(workdir) > quota:
+            over_quota = True
         if backend in ("bwrap", "unshare") and rc is not None and 128 < rc < 128 + 65:
             rc = -(rc - 128)  # the namespace helper reports a child killed by signal N as 128+N
-        if timed_out:
-            err = f"timeout: execution exceeded {cfg.wall_timeout_s:g} s and was killed"
+        err = None
+        qmsg = f"scratch quota of {cfg.scratch_quota_mb:g} MB exceeded"
+        if over_quota:
+            err = qmsg + "; execution was killed"
+        elif status.get("disk_full"):
+            err = qmsg
+        elif timed_out:
+            err = f"timeout: execution exceeded the wall-clock limit of {cfg.wall_timeout_s:g} s and was killed"
         elif truncated:
-            err = f"output limit: more than {cfg.max_output_bytes} bytes of output; execution was killed"
+            err = f"output cap of {cfg.max_output_bytes} bytes (stdout+stderr) exceeded; execution was killed"
         elif rc is not None and rc < 0:
             sig = -rc
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            extra = " (CPU time limit)" if sig in (signal.SIGXCPU, signal.SIGKILL) else ""
-            err = f"killed by signal {name}{extra}"
+            err = f"killed by signal {name}"
+            limit = int(max(1, cfg.cpu_time_s))
+            if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu is not None and cpu >= limit - 0.05):
+                err += f" (CPU time limit of {limit} s)"
         elif rc == 97:
             err = "sandbox failure: could not drop privileges"
+        elif status.get("memory"):
+            err = f"memory limit of {cfg.memory_mb} MB exceeded (MemoryError)"
         return SandboxResult(buf.decode("utf-8", "replace"), rc, timed_out, truncated, err, backend,
                              time.monotonic() - t0)
 
     @staticmethod
+    def _wait(proc: subprocess.Popen, timeout: float) -> tuple[int | None, float | None]:
+        """Reap ``proc`` with wait4 (its CPU time, including reaped descendants, tells a CPU-limit
+        kill apart); (None, None) on timeout."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                pid, sts, ru = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                proc.poll()
+                return proc.returncode, None
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(sts)
+                return proc.returncode, ru.ru_utime + ru.ru_stime
+            if time.monotonic() >= end:
+                return None, None
+            time.sleep(0.005)
+
+    @staticmethod
     def _kill(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        try:
-            proc.kill()
-        except OSError:
-            pass
+        """Kill the cell's own processes only: its session/process group (bwrap/unshare: the
+        monitor, whose death tears down the cell's PID namespace)."""
+        if proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+            try:
+                proc.kill()
+            except OSError:
+                pass
 
 
 def available_backends() -> dict[str, bool]:

@@ -38,7 +38,10 @@ from rllib_spear.core.answers import (
 )
 from rllib_spear.envs.base import StepResult, ToolEnv
 from rllib_spear.envs.parsers import (
+    MAX_CALLS_PER_TURN,
+    MAX_QUERIES_PER_CALL,
     begin_turn,
+    clip,
     HermesParser,
     ParsedTurn,
     SearchR1Parser,
@@ -47,7 +50,14 @@ from rllib_spear.envs.parsers import (
 )
 from rllib_spear.envs.retrieval import format_search_results, get_retriever
 
-_TAG = re.compile(r"</?[A-Za-z_]+>")
+_TAG = re.compile(r"</?[A-Za-z_]+>")  # one quantifier, runs start after "<": linear
+# Queries are echoed in result headers / the JSON skeleton cut to this prefix.
+ECHO_QUERY_CHARS = 100
+# Room outside ``max_chars`` for the wrapping tags, the truncation note and parser notes: an
+# observation is never longer than ``max_chars + OBS_SLACK_CHARS`` (``obs_budget``).
+OBS_SLACK_CHARS = 1024
+# Room past a call's ``max_chars`` for the retrieval truncation note.
+_NOTE_ROOM = 100
 
 __all__ = ["SearchQAEnv", "MultiAnswerSearchEnv", "SEARCH_PROMPTS", "MULTI_PROMPTS"]
 
@@ -98,14 +108,16 @@ class _SearchEnvBase(ToolEnv):
     def __init__(self, *, parser: str | None = None, top_k: int = 3, max_chars: int | None = 10_000,
                  result_format: str = "text", corpus_path: str | None = None, retriever_url: str | None = None,
                  retriever_kwargs: dict | None = None, retriever=None, max_turns: int = 4,
-                 system_prompt: str | None = None, max_queries_per_call: int = 8):
+                 system_prompt: str | None = None, max_queries_per_call: int = MAX_QUERIES_PER_CALL,
+                 max_calls_per_turn: int = MAX_CALLS_PER_TURN):
         self.parser_name = parser or self.default_parser
         if self.parser_name == "search_r1":
             self.parser = SearchR1Parser()
         elif self.parser_name == "spader":
             self.parser = SpaderParser(max_queries=max_queries_per_call)
         elif self.parser_name == "hermes":
-            self.parser = HermesParser({"search": ("search", "query")})
+            self.parser = HermesParser({"search": ("search", "query")}, max_calls=max_calls_per_turn,
+                                       max_queries=max_queries_per_call)
         else:
             raise ValueError(f"unknown parser {self.parser_name!r} for a search env (search_r1|spader|hermes)")
         self.tag = self.parser.tag
@@ -157,24 +169,44 @@ class _SearchEnvBase(ToolEnv):
     def _wrap(self, text: str) -> str:
         return f"<{self.tag}>{text}</{self.tag}>"
 
-    def _run_search(self, queries: list[str]) -> str:
+    @property
+    def obs_budget(self) -> int | None:
+        """Most characters of one observation (all calls, tags, notes and echoes included)."""
+        return None if not self.max_chars or self.max_chars <= 0 else self.max_chars + OBS_SLACK_CHARS
+
+    def _run_search(self, queries: list[str], max_chars: int | None = None) -> str:
+        max_chars = self.max_chars if max_chars is None else max_chars
         try:
             results = self.retriever.batch_search(queries, self.top_k)
         except Exception as e:  # noqa: BLE001 - a failing retriever is an error observation
             return f"Error: search failed: {type(e).__name__}: {str(e)[:200]}"
-        return format_search_results(queries, results, self.max_chars, self.result_format)
+        shown = [q[:ECHO_QUERY_CHARS] for q in queries]  # headers / JSON skeleton echo a prefix
+        out = format_search_results(shown, results, max_chars, self.result_format)
+        return out if not max_chars or max_chars <= 0 else clip(out, max_chars + _NOTE_ROOM)
 
     def _execute(self, parsed: ParsedTurn) -> str:
         parts = []
-        for call in parsed.calls:
+        calls = parsed.calls[: max(1, getattr(self.parser, "max_calls", 1))]
+        # parallel calls share the budget, so the whole observation stays within it
+        per_call = None if self.obs_budget is None else max(1, self.max_chars // len(calls))
+        for call in calls:
             if call.error:
-                parts.append(self._wrap(f"Error: {call.error}"))
+                parts.append(self._wrap(clip(f"Error: {call.error}", per_call)))
             else:
-                parts.append(self._wrap(self._run_search(call.arguments["queries"])))
+                parts.append(self._wrap(self._run_search(call.arguments["queries"], per_call)))
         obs = "\n".join(parts)
         if parsed.notes:
-            obs = obs[: -len(f"</{self.tag}>")] + "\nNote: " + "; ".join(parsed.notes) + f"</{self.tag}>"
-        return obs
+            note = clip("\nNote: " + "; ".join(parsed.notes), OBS_SLACK_CHARS // 4)
+            obs = obs[: -len(f"</{self.tag}>")] + note + f"</{self.tag}>"
+        return self._bound(obs)
+
+    def _bound(self, obs: str) -> str:
+        """Safety net: an observation over ``obs_budget`` is cut, keeping its closing tag."""
+        budget = self.obs_budget
+        if budget is None or len(obs) <= budget:
+            return obs
+        close = f"</{self.tag}>"
+        return clip(obs[: -len(close)], budget - len(close)) + close
 
     # -- episode -------------------------------------------------------------------------------
     def step(self, assistant_text: str) -> StepResult:
@@ -203,7 +235,7 @@ class _SearchEnvBase(ToolEnv):
             obs = self._execute(parsed)
         else:
             self.format_errors.append(f"turn {self.turns}: {parsed.error}")
-            obs = self._wrap(f"Error: {parsed.error}. Let me try again.")
+            obs = self._bound(self._wrap(f"Error: {clip(parsed.error, self.max_chars or None)}. Let me try again."))
             info["error"] = parsed.error
         self.observations.append(obs)
         self._on_observation(obs, info)

@@ -126,7 +126,7 @@ def test_kill_parent(sb):
 
 def test_print_100mb(sb):
     res = run(sb, "import sys\nsys.stdout.write('x' * 100_000_000)\n")
-    assert res.output_truncated and "output limit" in res.error
+    assert res.output_truncated and "output cap" in res.error
     assert len(res.output) <= (1 << 20)
 
 
@@ -166,3 +166,111 @@ def test_fallback_backends(backend, tmp_path, monkeypatch):
     _assert_no_sandbox_processes()
     res = run(sb, "x = bytearray(4 * 1024 ** 3)")
     assert "MemoryError" in res.output
+
+
+_RUNNER = r'''
+import sys, time, json
+from rllib_spear.envs.sandbox import PythonSandbox
+sb = PythonSandbox(backend=sys.argv[1], wall_timeout_s=8.0, cpu_time_s=5)
+time.sleep(float(sys.argv[2]))
+r = sb.run(sys.argv[3])
+print(json.dumps({"output": r.output, "error": r.error, "exit_code": r.exit_code}))
+'''
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+def test_failing_cell_in_other_process_does_not_kill_running_cell(backend):
+    """Two env-runner processes at once: B's failing cell must not kill A's running cell."""
+    import json
+    import subprocess
+    import sys
+
+    if not BACKENDS.get(backend):
+        pytest.skip(f"backend {backend} not usable here")
+    a = subprocess.Popen([sys.executable, "-c", _RUNNER, backend, "0", "import time\ntime.sleep(3)\nprint(1)"],
+                         stdout=subprocess.PIPE, text=True)
+    b = subprocess.Popen([sys.executable, "-c", _RUNNER, backend, "1.5", "1/0"], stdout=subprocess.PIPE, text=True)
+    rb = json.loads(b.communicate(timeout=30)[0].strip().splitlines()[-1])
+    ra = json.loads(a.communicate(timeout=30)[0].strip().splitlines()[-1])
+    assert rb["exit_code"] == 1 and "ZeroDivisionError" in rb["output"]
+    assert ra["exit_code"] == 0 and ra["error"] is None and ra["output"] == "1\n", ra
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "process"])
+def test_disk_fill_many_files_stopped_at_quota(backend):
+    import glob
+    import tempfile
+
+    if not BACKENDS.get(backend):
+        pytest.skip(f"backend {backend} not usable here")
+    pattern = os.path.join(tempfile.gettempdir(), "rllib_spear_sbx_*")
+    before = set(glob.glob(pattern))
+    sb = PythonSandbox(backend=backend, wall_timeout_s=10.0, scratch_quota_mb=64)
+    res = sb.run("for i in range(2000):\n    open(f'f{i}', 'wb').write(b'x' * 100_000)\nprint('done')")
+    assert not res.ok and "done" not in res.output
+    assert "scratch quota of 64 MB exceeded" in res.error, res
+    assert set(glob.glob(pattern)) <= before  # nothing left on the host disk
+    assert sb.run("print(len(__import__('os').listdir('.')))").output.strip() in ("0", "1")  # fresh dir
+
+
+def test_auto_without_bwrap_refuses_unless_weak_allowed(monkeypatch):
+    import rllib_spear.envs.sandbox as sbmod
+
+    real = shutil.which
+    monkeypatch.setattr(sbmod.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
+    with pytest.raises(RuntimeError, match="allow_weak_sandbox") as ei:
+        PythonSandbox(wall_timeout_s=3.0)
+    assert "install bubblewrap" in str(ei.value)
+    with pytest.warns(RuntimeWarning, match="weaker"):
+        weak = PythonSandbox(wall_timeout_s=3.0, allow_weak_sandbox=True)
+    assert weak.backend in ("unshare", "process")
+    res = weak.run("print(6*7)")
+    assert res.ok and res.output == "42\n" and res.backend == weak.backend
+
+
+def test_many_concurrent_cells_all_correct():
+    from concurrent.futures import ThreadPoolExecutor
+
+    sb = PythonSandbox(wall_timeout_s=15.0, cpu_time_s=5)
+
+    def job(i):
+        out = []
+        for k in range(4):
+            if (i + k) % 3 == 0:
+                r = sb.run("1/0")
+                out.append((r.exit_code == 1 and "ZeroDivisionError" in r.output and r.backend == sb.backend) or r)
+            else:
+                r = sb.run(f"import time\ntime.sleep(0.2)\nprint({i} * 100 + {k})")
+                out.append((r.ok and r.output == f"{i * 100 + k}\n") or r)
+        return out
+
+    with ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(job, range(8)))
+    assert all(r is True for rs in results for r in rs), results
+    _assert_no_sandbox_processes()
+
+
+def test_code_env_refuses_at_construction_and_reports_its_backend(monkeypatch):
+    """The code environment picks its sandbox when built (a runner without bubblewrap fails at
+    start, naming the fix), and every episode says which backend ran its code."""
+    import rllib_spear.envs.sandbox as sbmod
+    from rllib_spear.envs.code_math import CodeMathEnv
+    from rllib_spear.metrics import rollout_metrics
+    from rllib_spear.core.trajectory import Segment, Trajectory
+
+    env = CodeMathEnv(sandbox_config={"wall_timeout_s": 9.5})
+    env.reset({"prompt": "1+1?", "answer": "2"})
+    stats = env.episode_stats()
+    assert stats["sandbox_backend"] == "bwrap" and stats["sandbox_weak"] is False
+    real = shutil.which
+    monkeypatch.setattr(sbmod.shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
+    with pytest.raises(RuntimeError, match="allow_weak_sandbox"):
+        CodeMathEnv(sandbox_config={"wall_timeout_s": 9.25})  # a config no earlier env cached
+    with pytest.warns(RuntimeWarning):
+        weak = CodeMathEnv(sandbox_config={"wall_timeout_s": 9.0, "allow_weak_sandbox": True})
+    weak.reset({"prompt": "1+1?", "answer": "2"})
+    assert weak.episode_stats()["sandbox_weak"] is True
+    seg = [Segment("prompt", [1, 2]), Segment("assistant", [3], [0.0], step=0)]
+    trajs = [Trajectory(uid="a", segments=list(seg), step_rewards=[0.0], info={"sandbox_weak": w})
+             for w in (True, False, False, False)]
+    assert rollout_metrics(trajs, [])["sandbox_weak_rate"] == 0.25
