@@ -17,7 +17,7 @@ uses ``unshare`` or ``process``. The backend in use: ``PythonSandbox.backend`` a
 ``SandboxResult.backend``. Sandbox uids are allocated node-wide (one ``flock``ed lock file per
 uid, held for the execution); cleanup only kills the execution's own session / PID namespace and
 stragglers under its exclusively held uid. Disk: ``scratch_quota_mb`` in all (bwrap: a sized
-tmpfs as ``/sandbox`` with ``/tmp`` linked to it and ``/dev`` read-only; other backends: the
+tmpfs at ``/tmp`` with ``/sandbox`` linked to it and ``/dev`` read-only; other backends: the
 scratch dir is measured every 50 ms and the cell killed past the quota):
 
 ``bwrap`` (bubblewrap, Debian package ``bubblewrap``): new PID, network, IPC, UTS (and cgroup)
@@ -375,8 +375,12 @@ def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool, quota_byt
             cmd += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             cmd += ["--ro-bind", top, top]
-    # /dev read-only (no RAM-backed /dev/shm outside the quota); /tmp is the scratch dir.
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    # /dev read-only (no RAM-backed /dev/shm outside the quota). The only writable place is a
+    # size-limited tmpfs at /tmp (the scratch quota), gone with the namespace; /sandbox links to
+    # it. It is mounted before the read-only binds, so that an interpreter or site-packages that
+    # live under /tmp on the host (a venv in a CI clone under /tmp) are bound on top of it.
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev",
+            "--perms", "0777", "--size", str(int(quota_bytes)), "--tmpfs", "/tmp"]
     made = {"/", "/usr", "/tmp", "/sandbox", "/proc", "/dev", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"}
     for p in ro_paths:
         if p.startswith("/usr/") or p == "/usr":
@@ -389,8 +393,7 @@ def _bwrap_cmd(py: str, ro_paths: list[str], workdir: str, root: bool, quota_byt
                 made.add(anc)
         cmd += ["--ro-bind", p, p]
         made.add(p)
-    # the only writable place: a size-limited tmpfs (the scratch quota), gone with the namespace
-    cmd += ["--perms", "0777", "--size", str(int(quota_bytes)), "--tmpfs", "/sandbox", "--symlink", "/sandbox", "/tmp",
+    cmd += ["--symlink", "/tmp", "/sandbox",
             "--ro-bind", os.path.join(workdir, ".cells.json"), "/.cells.json", "--chdir", "/sandbox",
             "--setenv", "HOME", "/sandbox", "--setenv", "TMPDIR", "/sandbox",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "PYTHONDONTWRITEBYTECODE", "1"]

@@ -274,3 +274,17 @@ def test_code_env_refuses_at_construction_and_reports_its_backend(monkeypatch):
     trajs = [Trajectory(uid="a", segments=list(seg), step_rewards=[0.0], info={"sandbox_weak": w})
              for w in (True, False, False, False)]
     assert rollout_metrics(trajs, [])["sandbox_weak_rate"] == 0.25
+
+
+def test_bwrap_binds_paths_under_tmp_on_top_of_the_scratch_tmpfs():
+    """A venv under /tmp (a CI clone in /tmp) must stay visible: the scratch tmpfs is mounted at
+    /tmp before the read-only binds, never replaced by a symlink after them (which made bwrap
+    fail, and `auto` refuse, whenever the interpreter's site-packages lived under /tmp)."""
+    from rllib_spear.envs.sandbox import _bwrap_cmd
+
+    cmd = _bwrap_cmd("/usr/bin/python3", ["/tmp/ci/.venv/lib/python3.11/site-packages"], "/tmp/work",
+                     root=True, quota_bytes=1 << 20)
+    tmpfs = max(i for i, a in enumerate(cmd) if a == "--tmpfs" and cmd[i + 1] == "/tmp")
+    bind = cmd.index("/tmp/ci/.venv/lib/python3.11/site-packages")
+    assert tmpfs < bind
+    assert not any(a == "--symlink" and cmd[i + 2] == "/tmp" for i, a in enumerate(cmd[:-2]))
