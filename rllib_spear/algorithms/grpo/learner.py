@@ -113,22 +113,14 @@ class GRPOTorchLearner(TorchLearner):
                 self._ref_model = copy.deepcopy(unwrap_causal_lm(hf)).eval()
                 self._ref_model.requires_grad_(False)
                 if self.is_sharded:
-                    full = dict(self._ref_model.state_dict()) if _rank() == 0 else None
-                    sharding.shard_causal_lm(self._ref_model, mixed_precision=config.mixed_precision,
-                                             cpu_offload=bool(config.cpu_offload))
-                    sharding.load_full_state_from_rank0(self._ref_model, full, self._device)
-                    del full
+                    self._shard_from_rank0(self._ref_model)
             if self.is_sharded:
                 import torch.distributed as dist
 
                 if not dist.is_initialized():
                     raise RuntimeError("sharding='fsdp' needs the learners' process group: use "
                                        ".learners(num_learners=N) with N >= 1 (remote learners)")
-                full = dict(hf.state_dict()) if _rank() == 0 else None  # CPU tensors, no copy
-                sharding.shard_causal_lm(hf, mixed_precision=config.mixed_precision,
-                                         cpu_offload=bool(config.cpu_offload))
-                sharding.load_full_state_from_rank0(hf, full, self._device)
-                del full
+                self._shard_from_rank0(hf)
                 rlm.compute_device = self._device
         return module
 
@@ -139,6 +131,13 @@ class GRPOTorchLearner(TorchLearner):
         # replica's memory on every rank, which is what sharding is for.
         if not self.is_sharded:
             super()._map_module_to_device(module)
+
+    def _shard_from_rank0(self, model) -> None:
+        """FSDP2-shard ``model`` and fill every rank's shards from rank 0's loaded weights."""
+        full = dict(model.state_dict()) if _rank() == 0 else None  # CPU tensors, no copy
+        sharding.shard_causal_lm(model, mixed_precision=self.config.mixed_precision,
+                                 cpu_offload=bool(self.config.cpu_offload))
+        sharding.load_full_state_from_rank0(model, full, self._device)
 
     def _apply_activation_checkpointing(self, rlm, hf) -> None:
         """learners(activation_checkpointing=True/False) overrides model_config's switch."""
