@@ -17,13 +17,15 @@ their own without editing the library::
 
 API: ``register(name, obj=None, *, override=False)``, ``get(name)``, ``names()``,
 ``name in registry``, ``unregister(name)``, ``len()``, ``iter()`` (names, sorted), ``items()``
-(``(name, obj)`` pairs, sorted by name). Registering a taken name raises ``ValueError`` unless
+(``(name, obj)`` pairs, sorted by name), ``view()`` (a read-only live ``Mapping`` name -> obj, in
+registration order, e.g. to keep a module-level dict of earlier versions working). Registering a taken name raises ``ValueError`` unless
 ``override=True`` (registering the very same object again is a no-op). Objects are stored as given (classes, factories or instances); building one
 from its config is the owner's job (for example ``get_parser(name, **kwargs)``).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from types import MappingProxyType
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 __all__ = ["Registry"]
 
@@ -87,6 +89,10 @@ class Registry(Generic[T]):
     def items(self) -> list[tuple[str, T]]:
         """``(name, obj)`` pairs, sorted by name."""
         return sorted(self._items.items(), key=lambda kv: kv[0])
+
+    def view(self) -> Mapping[str, T]:
+        """A read-only mapping name -> object that follows later registrations."""
+        return MappingProxyType(self._items)
 
     def __contains__(self, name: object) -> bool:
         try:

@@ -108,6 +108,16 @@ def test_unregister():
         r.unregister("a")
 
 
+def test_view_is_read_only_and_live():
+    r = Registry("widget")
+    v = r.view()
+    r.register("b", 2)
+    r.register("a", 1)
+    assert list(v) == ["b", "a"] and v["a"] == 1  # registration order
+    with pytest.raises(TypeError):
+        v["c"] = 3  # type: ignore[index]
+
+
 def test_registries_are_independent():
     a, b = Registry("a"), Registry("b")
     a.register("x", 1)
