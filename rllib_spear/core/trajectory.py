@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .advantages import broadcast_step_advantages
+from .episode import EpisodeStats, RolloutRecord
 
 __all__ = ["Segment", "Trajectory", "TokenBatch", "collate_trajectories"]
 
@@ -71,9 +72,15 @@ class Trajectory:
         outcome_reward: environment outcome reward of the episode (EM, F1, +1/-1, success...).
         policy_version: version of the weights that generated the assistant tokens.
         truncated: stopped by max_turns or the context budget before a final answer.
-        info: counters (tool_calls, queries_per_step, entities_per_step, success, format_ok, ...).
+        stats: the environment's typed end-of-episode counters (:class:`EpisodeStats`); None only
+            for trajectories that no environment produced (synthetic tests); pieces that need a
+            stat raise, naming it, instead of assuming a default.
+        rollout: what the rollout recorded (turns, decoded assistant texts, errors).
         rewards: named reward components added by algorithms (e.g. {"tool_bonus": 0.3});
             ``total_reward`` sums them with the outcome.
+        derived: values algorithms compute from the batch (e.g. SPADER's ``step_advantages``);
+            output only, never an input of another stage.
+        task: the task dict the episode was sampled for (user reward functions read it).
         traj_id: unique id of this rollout.
     """
 
@@ -83,13 +90,23 @@ class Trajectory:
     step_rewards: list[float] = field(default_factory=list)
     policy_version: int = 0
     truncated: bool = False
-    info: dict[str, Any] = field(default_factory=dict)
+    stats: EpisodeStats | None = None
+    rollout: RolloutRecord = field(default_factory=RolloutRecord)
     rewards: dict[str, float] = field(default_factory=dict)
+    derived: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)
     traj_id: str = ""
 
     def __post_init__(self) -> None:
         if not self.segments or self.segments[0].kind != "prompt":
             raise ValueError("Trajectory.segments must start with a 'prompt' segment")
+
+    def require_stats(self, who: str) -> EpisodeStats:
+        """The episode stats, or an error naming ``who`` needs them (synthetic trajectory)."""
+        if self.stats is None:
+            raise ValueError(f"{who} needs Trajectory.stats (EpisodeStats from the environment); "
+                             f"trajectory {self.traj_id or self.uid!r} has none")
+        return self.stats
 
     # ---- structure -------------------------------------------------------------------------
     @property
@@ -168,7 +185,9 @@ class Trajectory:
         return {
             "uid": self.uid, "traj_id": self.traj_id, "outcome_reward": self.outcome_reward,
             "step_rewards": list(self.step_rewards), "policy_version": self.policy_version,
-            "truncated": self.truncated, "info": dict(self.info), "rewards": dict(self.rewards),
+            "truncated": self.truncated, "rewards": dict(self.rewards), "derived": dict(self.derived),
+            "stats": None if self.stats is None else self.stats.to_dict(),
+            "rollout": self.rollout.to_dict(), "task": dict(self.task),
             "segments": [
                 {"kind": s.kind, "token_ids": list(s.token_ids), "step": s.step,
                  "logprobs": None if s.logprobs is None else list(s.logprobs)}
@@ -179,8 +198,9 @@ class Trajectory:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
         segs = [Segment(**s) for s in d["segments"]]
-        rest = {k: v for k, v in d.items() if k != "segments"}
-        return cls(segments=segs, **rest)
+        rest = {k: v for k, v in d.items() if k not in ("segments", "stats", "rollout")}
+        stats = None if d.get("stats") is None else EpisodeStats.from_dict(d["stats"])
+        return cls(segments=segs, stats=stats, rollout=RolloutRecord.from_dict(d.get("rollout") or {}), **rest)
 
 
 @dataclass

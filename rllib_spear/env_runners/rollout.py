@@ -11,8 +11,10 @@ Robustness: model text and tool output pass through ``safe_text`` (lone surrogat
 code points a tokenizer cannot encode become U+FFFD) before they reach the environment or the
 tokenizer, and any exception while building a turn (decode, env step, observation formatting,
 tokenization, template) ends only that episode: it is marked truncated, its trajectory carries
-``info["rollout_error"] = "<ExceptionType>: message"`` (and ``info["rollout_error_stage"]``), and
+``rollout.error = "<ExceptionType>: message"`` (and ``rollout.error_stage``), and
 ``RolloutStats.rollout_errors`` counts it. The other episodes of the batch go on normally.
+An environment whose ``episode_stats()`` breaks the :class:`EpisodeStats` contract (a missing or
+mistyped key) is a bug of that environment, not of one episode: the rollout raises, naming it.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..core.episode import EpisodeStats, EpisodeStatsError, RolloutRecord
 from ..core.filters import is_overlong
 from ..core.trajectory import Segment, Trajectory
 from ..envs.base import ToolEnv
@@ -95,6 +98,7 @@ class _Episode:
     env: ToolEnv
     segments: list[Segment]
     context: list[int]
+    task: dict[str, Any] = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)
     turns: int = 0
     response_tokens: int = 0
@@ -174,7 +178,7 @@ class MultiTurnRollout:
                         f"task {uid}: prompt has {len(prompt)} tokens, more than "
                         f"max_model_len={cfg.max_model_len} allows; raise max_model_len"
                     )
-                episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt)))
+                episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt), task))
         stats.env_time_s += time.perf_counter() - t0
 
         live = list(episodes)
@@ -270,32 +274,25 @@ class MultiTurnRollout:
         return obs_ids
 
     def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
+        source = type(ep.env).__name__
         try:
-            stats = dict(ep.env.episode_stats())
+            stats = EpisodeStats.coerce(ep.env.episode_stats(), source)
+        except EpisodeStatsError:
+            raise
         except Exception as exc:  # a broken env must not lose the batch either
-            stats = {}
+            # The episode failed: its record says so (no success, no answer, no calls counted).
+            stats = EpisodeStats(success=False, outcome_reward=float(ep.outcome_reward), tool_calls=0,
+                                 queries_per_step=[], format_ok=False, has_answer=False)
             ep.truncated = True
             if ep.error is None:
                 ep.error, ep.error_stage = _describe(exc), "episode_stats"
         reached = ep.reached_max_length or is_overlong(ep.response_tokens, self.config.max_response_tokens)
-        info = {
-            **stats,
-            "turns": ep.turns,
-            "reached_max_length": bool(reached),
-            "assistant_texts": ep.texts,
-        }
-        if ep.env_error is not None:
-            info["env_error"] = ep.env_error
-        if ep.error is not None:
-            info["rollout_error"] = ep.error
-            info["rollout_error_stage"] = ep.error_stage
-        try:
-            outcome = float(stats.get("outcome_reward", ep.outcome_reward))
-        except (TypeError, ValueError):
-            outcome = float(ep.outcome_reward)
+        record = RolloutRecord(turns=ep.turns, assistant_texts=list(ep.texts), reached_max_length=bool(reached),
+                               error=ep.error, error_stage=ep.error_stage, env_error=ep.env_error)
         self._release_env(ep.env)
         return Trajectory(
-            uid=ep.uid, segments=ep.segments, outcome_reward=outcome,
+            uid=ep.uid, segments=ep.segments, outcome_reward=stats.outcome_reward,
             step_rewards=[0.0] * ep.turns, policy_version=policy_version,
-            truncated=ep.truncated, info=info, traj_id=uuid.uuid4().hex,
+            truncated=ep.truncated, stats=stats, rollout=record, task=dict(ep.task),
+            traj_id=uuid.uuid4().hex,
         )

@@ -9,7 +9,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StepResult", "ToolEnv"]
+from ..core.episode import EpisodeStats
+
+__all__ = ["StepResult", "ToolEnv", "EpisodeStats"]
 
 
 @dataclass
@@ -46,11 +48,13 @@ class ToolEnv(ABC):
         Never raises on bad model output: malformed calls become error observations."""
 
     @abstractmethod
-    def episode_stats(self) -> dict[str, Any]:
-        """Counters of the current episode. Keys every environment provides:
-        ``tool_calls`` (int), ``queries_per_step`` (list[int], one per step incl. the answer
-        step), ``success`` (bool), ``format_ok`` (bool), ``has_answer`` (bool),
-        ``outcome_reward`` (float). Environments add their own (``em``, ``f1``, ``precision``,
-        ``recall``, ``found_entities_per_step`` (list[list[int]]: indices (into the deduplicated gold
-        entity list) of every gold entity found in each step's observation, repeats included;
-        SPADER's reward keeps only first discoveries), ``num_gold_entities``...)."""
+    def episode_stats(self) -> EpisodeStats:
+        """Counters of the current episode as :class:`~rllib_spear.core.episode.EpisodeStats`
+        (or a dict with its keys, validated by the rollout). Required: ``success``,
+        ``outcome_reward``, ``tool_calls``, ``queries_per_step`` (one per step, answer step
+        included), ``format_ok``, ``has_answer``. Optional typed keys: ``em``, ``f1``,
+        ``precision``, ``recall``, ``found_entities_per_step`` (list[list[int]]: indices into the
+        deduplicated gold entity list of every gold entity found in each step's observation,
+        repeats included; SPADER's reward keeps only first discoveries), ``num_gold_entities``.
+        Anything else goes to ``extra``. A missing or mistyped required key stops the run with
+        an error naming the environment and the key."""

@@ -19,9 +19,9 @@ from typing import Any
 
 __all__ = ["scripted_demonstrations", "DEMOS_VERSION"]
 
-#: Part of the name of every cold-start build (``rllib_spear.models.shipped.recipe_key``): bump it
+#: Part of the name of every cold-start build (``rllib_spear.coldstart.recipes.recipe_key``): bump it
 #: whenever a change here (or in the envs' observations) changes the conversations for the same
-#: inputs, and re-ship the builds (``python -m rllib_spear.models.sft``). The freshness tests in
+#: inputs, and re-ship the builds (``python -m rllib_spear.coldstart``). The freshness tests in
 #: tests/models/test_default_policy.py fail until both are done.
 DEMOS_VERSION = 1
 
@@ -112,7 +112,7 @@ def _demo_multi(env, task, rng, use_tool, pools, think="plain"):
             for b in batches[: max(1, min(3, env.max_turns - 1))]:
                 think = f"I will search for {b[0]}." if parser == "search_r1" else "I will search."
                 yield f"<think>{think}</think>\n{_search_call(parser, b)}"
-                for step in env.episode_stats()["found_entities_per_step"]:
+                for step in env.episode_stats().found_entities_per_step:
                     found.update(step)
                 if len(found) >= len(gold):
                     break

@@ -8,7 +8,8 @@ import pickle
 
 import pytest
 
-from rllib_spear.algorithms.spear.sil_buffer import (
+from rllib_spear.testing import make_stats
+from rllib_spear.recipe.sil_buffer import (
     SILReplayBuffer,
     nearest_lower_power_of_2,
 )
@@ -25,7 +26,7 @@ def traj(reward: float = 1.0, uid: str = "q", tool_calls: int = 1, bonus: float 
                   Segment("observation", [5]), Segment("assistant", [6], [-0.3], step=1)],
         outcome_reward=reward,
         rewards={"tool_bonus": bonus} if bonus else {},
-        info={"tool_calls": tool_calls},
+        stats=make_stats(tool_calls=tool_calls),
         traj_id=f"t{i}",
     )
 
@@ -60,12 +61,15 @@ def test_admission_only_positive_advantage_unfiltered():
 
 def test_admission_tool_call_requirement():
     ts = [traj(1.0, tool_calls=0), traj(1.0, tool_calls=1), traj(1.0, tool_calls=3)]
-    ts.append(Trajectory(uid="q", segments=[Segment("prompt", [1])], outcome_reward=1.0))  # no info
     buf = SILReplayBuffer(require_tool_call=True)
-    buf.add_batch(ts, [1.0] * 4, 1, [0.0], [0.0])
+    buf.add_batch(ts, [1.0] * 3, 1, [0.0], [0.0])
     assert ids(buf.entries) == [ts[1].traj_id, ts[2].traj_id]
+    # a trajectory without episode stats cannot be judged: an error names the knob, not a silent 0
+    no_stats = Trajectory(uid="q", segments=[Segment("prompt", [1])], outcome_reward=1.0)
+    with pytest.raises(ValueError, match="sil_require_tool_call"):
+        SILReplayBuffer(require_tool_call=True).add_batch([no_stats], [1.0], 1, [0.0], [0.0])
     buf2 = SILReplayBuffer(require_tool_call=False)
-    buf2.add_batch(ts, [1.0] * 4, 1, [0.0], [0.0])
+    buf2.add_batch(ts + [no_stats], [1.0] * 4, 1, [0.0], [0.0])
     assert len(buf2) == 4
 
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from rllib_spear.testing import make_stats
 from rllib_spear.core.trajectory import Segment, Trajectory, collate_trajectories
 
 
@@ -65,7 +66,7 @@ def test_segment_validation():
 
 
 def test_dict_roundtrip():
-    tr = make_traj(outcome_reward=0.5, step_rewards=[0.1, 0.0], info={"tool_calls": 1}, traj_id="t1")
+    tr = make_traj(outcome_reward=0.5, step_rewards=[0.1, 0.0], stats=make_stats(tool_calls=1), traj_id="t1")
     back = Trajectory.from_dict(tr.to_dict())
     assert back == tr
 

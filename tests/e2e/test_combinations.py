@@ -8,17 +8,18 @@ import pytest
 
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPADERConfig, SPEARConfig
-from rllib_spear.algorithms.spear.spear import SPEAR
 from rllib_spear.core.trajectory import Segment, Trajectory
+from rllib_spear.recipe import Recipe
+from rllib_spear.testing import make_stats
 
-from e2e_helpers import small_config
+from e2e_helpers import recorder, small_config, with_trajectory_hook
 
 
 # ----------------------------------------------------------------------------------------------
 # (a) SPADER with self-imitation (SIL) on multi_answer_search
 # ----------------------------------------------------------------------------------------------
 SIL_KEYS = {"sil_size", "sil_added", "sil_replay_events", "sil_replayed_samples",
-            "sil_num_above_baseline", "sil_baseline_mean", "sil_weight", "tool_reward_weight"}
+            "sil_num_above_baseline", "sil_baseline_mean", "sil_weight"}
 
 
 def test_spader_with_sil_two_iterations(ray_session, tiny_model):
@@ -27,27 +28,24 @@ def test_spader_with_sil_two_iterations(ray_session, tiny_model):
            .environment("multi_answer_search")
            .env_runners(max_turns=3))
     assert cfg.advantage_estimator == "spa"
-    algo = cfg.build_algo()
+
+    def synthetic_f1(trajs, stats, algorithm):
+        # An untrained model never answers: give every group the same synthetic spread of
+        # F1 scores (and no discoveries) so that SPADER's rewards, hence the advantages and
+        # the SIL admissions, are deterministic. Per group [1, 0, 0.5, 0]: mean 0.375.
+        seen: dict[str, int] = {}
+        for t in trajs:
+            k = seen.get(t.uid, 0)
+            seen[t.uid] = k + 1
+            n = max(t.num_steps, 1)
+            t.stats.f1 = [1.0, 0.0, 0.5, 0.0][k % 4]
+            t.stats.format_ok = True
+            t.stats.found_entities_per_step = [[] for _ in range(n)]
+            t.stats.queries_per_step = [0] * n
+
+    algo = with_trajectory_hook(cfg, synthetic_f1).build_algo()
     try:
-        assert algo.sil_buffer is not None
-        orig_sample = algo._sample
-
-        def sample(*a, **kw):
-            trajs, stats = orig_sample(*a, **kw)
-            # An untrained model never answers: give every group the same synthetic spread of
-            # F1 scores (and no discoveries) so that SPADER's rewards, hence the advantages and
-            # the SIL admissions, are deterministic. Per group [1, 0, 0.5, 0]: mean 0.375.
-            seen: dict[str, int] = {}
-            for t in trajs:
-                k = seen.get(t.uid, 0)
-                seen[t.uid] = k + 1
-                n = max(t.num_steps, 1)
-                t.info.update(f1=[1.0, 0.0, 0.5, 0.0][k % 4], format_ok=True,
-                              found_entities_per_step=[[] for _ in range(n)],
-                              queries_per_step=[0] * n)
-            return trajs, stats
-
-        algo._sample = sample
+        assert algo.recipe.sil is not None
         r1 = algo.train()
         s1 = r1["spear"]
         assert SIL_KEYS <= set(s1), SIL_KEYS - set(s1)
@@ -84,17 +82,13 @@ def _traj(uid, n_steps, outcome, tool_calls, traj_id):
             segs.append(Segment("observation", [tok], step=k))
             tok += 1
     return Trajectory(uid=uid, segments=segs, outcome_reward=outcome,
-                      step_rewards=[0.0] * n_steps, info={"tool_calls": tool_calls},
+                      step_rewards=[0.0] * n_steps, stats=make_stats(tool_calls=tool_calls),
                       traj_id=traj_id)
 
 
 def _spear(**training):
-    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
-
-    algo = SPEAR.__new__(SPEAR)
-    algo.config = SPEARConfig().training(**training)
-    algo.metrics = MetricsLogger()
-    return algo
+    """SPEAR's recipe (its pieces as the algorithm assembles them), without a model or Ray."""
+    return Recipe(SPEARConfig().training(**training))
 
 
 def _adv(values):
@@ -114,7 +108,8 @@ def test_spear_spa_advantages_by_hand():
     algo.shape_rewards(trajs, step=1)
     # lambda_tool = 1 (constant); r_tool = min(0.1 * calls, 1)
     assert [t.rewards["tool_bonus"] for t in trajs] == pytest.approx([0.2, 0.1, 0.0])
-    token_adv, episode_adv = algo.compute_advantages(trajs)
+    adv = algo.advantages(trajs)
+    token_adv, episode_adv = adv.token, adv.episode
 
     # Per-step rewards: everything on the last step. A: [0, 0, 1.2], B: [0, 0.1], C: [1.0].
     # Discounted returns (gamma 0.9): A: [0.972, 1.08, 1.2], B: [0.09, 0.1], C: [1.0];
@@ -125,7 +120,7 @@ def test_spear_spa_advantages_by_hand():
     step2 = _adv([1.2, 0.0, 0.0])
     expected = {"a": [step0[0], step1[0], step2[0]], "b": [step0[1], step1[1]], "c": [step0[2]]}
     for t in trajs:
-        assert t.info["step_advantages"] == pytest.approx(expected[t.traj_id], abs=1e-9), t.traj_id
+        assert t.derived["step_advantages"] == pytest.approx(expected[t.traj_id], abs=1e-9), t.traj_id
     # Hand values (rounded): step 0 [0.6737, -1.4137, 0.7400], step 1 [1.4092, -0.6020, -0.8072]
     assert step0 == pytest.approx([0.6737, -1.4137, 0.7400], abs=1e-3)
     assert step1 == pytest.approx([1.4092, -0.6020, -0.8072], abs=1e-3)
@@ -144,30 +139,20 @@ def test_spear_spa_advantages_by_hand():
     algo0 = _spear(advantage_estimator="spa", tool_reward_schedule="none")
     t0 = [_traj("q", 3, 1.0, 2, "a"), _traj("q", 2, 0.0, 1, "b"), _traj("q", 1, 1.0, 0, "c")]
     algo0.shape_rewards(t0, step=1)
-    algo0.compute_advantages(t0)
-    assert t0[0].info["step_advantages"][0] != pytest.approx(expected["a"][0], abs=1e-3)
+    algo0.advantages(t0)
+    assert t0[0].derived["step_advantages"][0] != pytest.approx(expected["a"][0], abs=1e-3)
 
 
 def test_spear_spa_one_iteration(ray_session, tiny_model):
     cfg = small_config(SPEARConfig, tiny_model, advantage_estimator="spa")
-    algo = cfg.build_algo()
+    # untrained model: seeded outcome rewards so that advantages are real
+    hook, captured = recorder(synthetic_rewards=True, seed=7, values=(0.0, 1.0))
+    algo = with_trajectory_hook(cfg, hook).build_algo()
     try:
-        captured = []
-        orig_sample = algo._sample
-
-        def sample(*a, **kw):
-            trajs, stats = orig_sample(*a, **kw)
-            rng = np.random.default_rng(7)
-            for t in trajs:  # untrained model: seeded outcome rewards so that advantages are real
-                t.outcome_reward = float(rng.choice([0.0, 1.0]))
-            captured.append(trajs)
-            return trajs, stats
-
-        algo._sample = sample
         r = algo.train()
-        trajs = captured[0]
-        assert all(len(t.info["step_advantages"]) == t.num_steps for t in trajs)
-        assert any(abs(a) > 0 for t in trajs for a in t.info["step_advantages"])
+        trajs = captured[0][0]
+        assert all(len(t.derived["step_advantages"]) == t.num_steps for t in trajs)
+        assert any(abs(a) > 0 for t in trajs for a in t.derived["step_advantages"])
         learner = r["learners"]["default_policy"]
         assert learner["num_optimizer_steps"] >= 1 and learner["grad_norm"] > 0
         assert "entropy" in learner  # entropy_coeff 0.001: computed on every micro-batch

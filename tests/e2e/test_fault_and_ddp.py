@@ -1,7 +1,6 @@
 """Fault tolerance of the remote LLMEnvRunner and DDP (num_learners=2) of GRPOTorchLearner."""
 from __future__ import annotations
 
-import copy
 
 import numpy as np
 import pytest
@@ -10,26 +9,7 @@ import torch
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPEARConfig
 
-from e2e_helpers import small_config
-
-
-def _capture_sample(algo, synthetic_rewards: bool = False):
-    """Wrap algo._sample so every call's return value is recorded (optionally with seeded
-    synthetic outcome rewards, so that advantages are not all zero)."""
-    calls = []
-    orig = algo._sample
-
-    def sample(*a, **kw):
-        out = orig(*a, **kw)
-        if synthetic_rewards:
-            rng = np.random.default_rng(123)
-            for t in out[0]:
-                t.outcome_reward = float(rng.choice([0.0, 0.25, 1.0]))
-        calls.append(out)
-        return out
-
-    algo._sample = sample
-    return calls
+from e2e_helpers import recorder, replayer, small_config, with_trajectory_hook
 
 
 # ------------------------------------------------------------------------------------ fault
@@ -38,9 +18,9 @@ def test_runner_killed_training_continues(ray_session, tiny_model):
     cfg = (small_config(SPEARConfig, tiny_model)
            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)
            .fault_tolerance(restart_failed_env_runners=True, delay_between_env_runner_restarts_s=0))
-    algo = cfg.build_algo()
+    hook, calls = recorder()
+    algo = with_trajectory_hook(cfg, hook).build_algo()
     try:
-        calls = _capture_sample(algo)
         algo.train()
         assert calls[-1][0], "first iteration sampled nothing"
         step_before = algo.algo_step
@@ -110,10 +90,10 @@ def _max_diff(a, b):
 
 def test_ddp_two_learners_match_single_learner(ray_session, tiny_model):
     # 1) single (local) learner: sample, record the trajectories, update.
-    algo1 = _ddp_config(tiny_model, 0).build_algo()
+    hook, calls = recorder(synthetic_rewards=True)
+    algo1 = with_trajectory_hook(_ddp_config(tiny_model, 0), hook).build_algo()
     try:
         init = _learner_weights(algo1)
-        calls = _capture_sample(algo1, synthetic_rewards=True)
         r1 = algo1.train()
         trajs = calls[-1][0]
         assert trajs
@@ -123,15 +103,11 @@ def test_ddp_two_learners_match_single_learner(ray_session, tiny_model):
         algo1.stop()
 
     # 2) two DDP learners (gloo) on the same trajectories.
-    algo2 = _ddp_config(tiny_model, 2).build_algo()
+    replay, replay_state = replayer(calls[-1])
+    algo2 = with_trajectory_hook(_ddp_config(tiny_model, 2), replay).build_algo()
     try:
         assert algo2.learner_group.is_remote and len(algo2.learner_group._workers) == 2
         assert _max_diff(init, _learner_weights(algo2)) == 0.0
-        def replay_sample(tasks, step, group_size=None):
-            algo2._sampled_version = algo2._policy_version
-            return copy.deepcopy(trajs), calls[-1][1]
-
-        algo2._sample = replay_sample
         r2 = algo2.train()
         assert algo2.algo_step == 1
         w2 = _learner_weights(algo2)
@@ -142,7 +118,7 @@ def test_ddp_two_learners_match_single_learner(ray_session, tiny_model):
         sums = [s.get() for s in sums.result_or_errors]
         assert len(sums) == 2 and abs(sums[0] - sums[1]) < 1e-9, sums
         # a second iteration (fresh samples from the runner) also works
-        algo2._sample = type(algo2)._sample.__get__(algo2)
+        replay_state["on"] = False
         algo2.train()
         assert algo2.algo_step == 2
     finally:

@@ -25,7 +25,7 @@ import torch
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPEARConfig
 
-from e2e_helpers import small_config
+from e2e_helpers import replayer, small_config, with_trajectory_hook
 
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}
 
@@ -79,7 +79,7 @@ def recorded(ray_session, tiny_model):
     algo = _config(tiny_model, 0).build_algo()
     try:
         init = _weights(algo)
-        trajs, stats = algo._sample(algo.task_sampler.next(algo.config.tasks_per_iteration), 1)
+        trajs, stats = algo.sample(algo.task_sampler.next(algo.config.tasks_per_iteration))
         assert trajs
     finally:
         algo.stop()
@@ -88,18 +88,13 @@ def recorded(ray_session, tiny_model):
 
 def _one_step(cfg, recorded, *, check_init=True):
     """Build, replay the recorded batch through one training iteration, return weights + result."""
-    algo = cfg.build_algo()
+    hook, _ = replayer((recorded["trajs"], recorded["stats"]))
+    algo = with_trajectory_hook(cfg, hook).build_algo()
     try:
         if check_init:
             w0 = _weights(algo)
             if "lora" not in cfg.model_config:
                 assert _diff(recorded["init"], w0) == 0.0
-
-        def replay(tasks, step, group_size=None):
-            algo._sampled_version = algo._policy_version
-            return copy.deepcopy(recorded["trajs"]), recorded["stats"]
-
-        algo._sample = replay
         result = algo.train()
         return _weights(algo), result["learners"]["default_policy"]
     finally:
@@ -155,15 +150,18 @@ def test_lora_two_ranks_equal_single_learner(recorded, single_lora, tiny_model, 
     assert diff < 1e-5
 
 
-def _replaying(algo, recorded, trajs2):
+def _replaying(cfg, recorded, trajs2):
+    """``cfg`` built with a hook that replays the recorded batch at iteration 1 and ``trajs2``
+    from iteration 2 on (the hook travels in the checkpointed config, so a restored algorithm
+    replays the same batches)."""
     batches = [recorded["trajs"], trajs2]
 
-    def replay(tasks, step, group_size=None):
-        algo._sampled_version = algo._policy_version
-        return copy.deepcopy(batches[min(step, 2) - 1]), recorded["stats"]
+    def replay(trajs, stats, algorithm):
+        step = algorithm.algo_step + 1
+        trajs[:] = copy.deepcopy(batches[min(step, 2) - 1])
+        stats[:] = copy.deepcopy(recorded["stats"])
 
-    algo._sample = replay
-    return algo
+    return with_trajectory_hook(cfg, replay).build_algo()
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +169,7 @@ def fsdp_run(recorded, tiny_model, tmp_path_factory):
     """2 FSDP ranks: iteration 1, checkpoint, iteration 2 (the uninterrupted run)."""
     trajs2 = _synthetic(copy.deepcopy(recorded["trajs"])[::-1])
     cfg = _config(tiny_model, 2, sharding="fsdp")
-    algo = _replaying(cfg.build_algo(), recorded, trajs2)
+    algo = _replaying(cfg, recorded, trajs2)
     try:
         algo.train()
         ckpt = algo.save_to_path(str(tmp_path_factory.mktemp("fsdp") / "ckpt"))
@@ -194,7 +192,7 @@ def test_fsdp_resume_is_identical_and_reshards(recorded, fsdp_run, tiny_model):
 
     from ray.rllib.algorithms.algorithm import Algorithm
 
-    algo = _replaying(Algorithm.from_checkpoint(ckpt), recorded, fsdp_run["trajs2"])
+    algo = Algorithm.from_checkpoint(ckpt)  # its config carries the replaying hook
     try:
         assert algo.config.sharding == "fsdp" and algo.config.num_learners == 2
         assert _diff(_weights(algo), saved) == 0.0
@@ -210,7 +208,7 @@ def test_fsdp_resume_is_identical_and_reshards(recorded, fsdp_run, tiny_model):
     assert _diff(w2, w2b) == 0.0
 
     # N=2 -> M=1: a single (local, unsharded) learner loads the shards
-    algo = _replaying(_config(tiny_model, 0).build_algo(), recorded, fsdp_run["trajs2"])
+    algo = _replaying(_config(tiny_model, 0), recorded, fsdp_run["trajs2"])
     try:
         algo.restore_from_path(ckpt)
         assert _diff(_weights(algo), saved) == 0.0
@@ -227,7 +225,7 @@ def test_replicated_checkpoint_restores_into_fsdp(recorded, fsdp_run, tiny_model
     """A single-learner checkpoint (RLlib's own layout) loads into 2 FSDP ranks, optimizer state
     included: the next step matches the single learner's."""
     trajs2 = fsdp_run["trajs2"]
-    algo = _replaying(_config(tiny_model, 0).build_algo(), recorded, trajs2)
+    algo = _replaying(_config(tiny_model, 0), recorded, trajs2)
     try:
         algo.train()
         ckpt = algo.save_to_path(str(tmp_path / "single"))
@@ -236,7 +234,7 @@ def test_replicated_checkpoint_restores_into_fsdp(recorded, fsdp_run, tiny_model
         w2 = _weights(algo)
     finally:
         algo.stop()
-    algo = _replaying(_config(tiny_model, 2, sharding="fsdp").build_algo(), recorded, trajs2)
+    algo = _replaying(_config(tiny_model, 2, sharding="fsdp"), recorded, trajs2)
     try:
         algo.restore_from_path(ckpt)
         assert _diff(_weights(algo), saved) < 1e-7

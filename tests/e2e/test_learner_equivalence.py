@@ -16,7 +16,7 @@ import torch
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPEARConfig
 
-from e2e_helpers import small_config
+from e2e_helpers import recorder, small_config, with_trajectory_hook
 
 
 def _hand_rolled_drbot_step(model, trajs, *, lr, t_norm, clip_low=0.2, clip_high=0.28,
@@ -77,6 +77,11 @@ def test_one_iteration_equals_hand_rolled_drbot(ray_session, tiny_model):
                         loss_mode="vanilla", response_filters=(), group_filter_keep_fraction=None,
                         entropy_coeff=0.0)
            .env_runners(num_env_runners=0))
+    # An untrained tiny model rarely earns a reward, and all-equal rewards give zero advantages
+    # (only weight decay would move the weights): the hook gives the sampled trajectories seeded
+    # synthetic outcome rewards so that the policy gradient is real.
+    hook, captured = recorder(synthetic_rewards=True)
+    cfg = with_trajectory_hook(cfg, hook)
     assert cfg.clip_ratio_low == 0.2 and cfg.clip_ratio_high == 0.28 and cfg.dual_clip_c == 10.0
     assert cfg.loss_agg_mode == "seq-mean-token-sum-norm" and not cfg.std_normalize_advantages
     algo = cfg.build_algo()
@@ -85,21 +90,6 @@ def test_one_iteration_equals_hand_rolled_drbot(ray_session, tiny_model):
         hf = learner.module["default_policy"].model
         init_state = copy.deepcopy(hf.state_dict())
 
-        captured = []
-        orig_sample = algo._sample
-
-        def sample(*a, **kw):
-            out = orig_sample(*a, **kw)
-            # An untrained tiny model rarely earns a reward, and all-equal rewards give zero
-            # advantages (only weight decay would move the weights): give the sampled
-            # trajectories seeded synthetic outcome rewards so that the policy gradient is real.
-            rng = np.random.default_rng(123)
-            for t in out[0]:
-                t.outcome_reward = float(rng.choice([0.0, 0.25, 1.0]))
-            captured.append(out)
-            return out
-
-        algo._sample = sample
         algo.train()
         assert len(captured) == 1
         trajs = captured[0][0]

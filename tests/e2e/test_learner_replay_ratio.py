@@ -13,7 +13,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 from e2e_helpers import small_config
 from rllib_spear import SPEARConfig
 from rllib_spear.algorithms.grpo import learner as learner_mod
-from rllib_spear.algorithms.grpo.batching import LearnerRow, build_learner_batches
+from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
 from rllib_spear.core.trajectory import Segment, Trajectory
 
 

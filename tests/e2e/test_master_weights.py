@@ -3,16 +3,13 @@ gradient changes (the trap of bf16 weights + bf16 AdamW, where ~98% of such upda
 benchmarks/master_weights.py, must not come back), on one learner (autocast) and on FSDP ranks."""
 from __future__ import annotations
 
-import copy
 
-import numpy as np
 import pytest
-import torch
 
 import rllib_spear  # noqa: F401
 from rllib_spear import SPEARConfig
 
-from e2e_helpers import small_config
+from e2e_helpers import recorder, small_config, with_trajectory_hook
 
 
 def _collect(algo):
@@ -44,18 +41,9 @@ def _step_at_lr_1e6(tiny_model, **learners):
            .resources(num_cpus_for_main_process=0.25)
            .rl_module(model_config=model_config)
            .learners(**learners))
-    algo = cfg.build_algo()
+    hook, _ = recorder(synthetic_rewards=True, seed=5, values=(0.0, 1.0))
+    algo = with_trajectory_hook(cfg, hook).build_algo()
     try:
-        orig = algo._sample
-
-        def sample(*a, **kw):
-            trajs, stats = orig(*a, **kw)
-            rng = np.random.default_rng(5)
-            for t in trajs:
-                t.outcome_reward = float(rng.choice([0.0, 1.0]))
-            return trajs, stats
-
-        algo._sample = sample
         before = {k: w for k, (w, _) in _collect(algo).items()}
         algo.train()
         after = _collect(algo)

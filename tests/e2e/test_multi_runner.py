@@ -6,7 +6,7 @@ from collections import Counter
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPEARConfig
 
-from e2e_helpers import small_config
+from e2e_helpers import recorder, small_config, with_trajectory_hook
 
 
 def test_two_env_runners_one_iteration(ray_session, tiny_model):
@@ -14,18 +14,10 @@ def test_two_env_runners_one_iteration(ray_session, tiny_model):
     cfg = (small_config(SPEARConfig, tiny_model, group_size=G, tasks_per_iteration=N)
            .env_runners(num_env_runners=2, num_cpus_per_env_runner=0.5)
            .resources(num_cpus_for_main_process=0.5))
-    algo = cfg.build_algo()
+    hook, captured = recorder()
+    algo = with_trajectory_hook(cfg, hook).build_algo()
     try:
         assert algo.env_runner_group.num_remote_env_runners() == 2
-        captured = []
-        orig_sample = algo._sample
-
-        def sample(*a, **kw):
-            out = orig_sample(*a, **kw)
-            captured.append(out)
-            return out
-
-        algo._sample = sample
         result = algo.train()
         assert len(captured) == 1
         trajs, runner_stats = captured[0]

@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 import rllib_spear  # noqa: F401  (registers the algorithms)
-from rllib_spear import SPADERConfig
-from rllib_spear.algorithms.spader.spader import SPADER
+from rllib_spear import SPADER, SPADERConfig
 from rllib_spear.core.trajectory import Segment, Trajectory
+from rllib_spear.recipe import Recipe
+from rllib_spear.testing import make_stats
 
 from e2e_helpers import small_config
 
 # ----------------------------------------------------------------------------------------------
-# 1. Hand-built group, no model, no Ray cluster
+# 1. Hand-built group through SPADER's recipe (no model, no Ray cluster)
 # ----------------------------------------------------------------------------------------------
 
 GOLD = 4  # |GT|: entities 0..3 of one question
@@ -38,7 +39,7 @@ def _traj(uid, spans, info, traj_id):
             step += 1
         else:
             segs.append(Segment(kind, ids))
-    return Trajectory(uid=uid, segments=segs, outcome_reward=info.get("f1", 0.0), info=dict(info),
+    return Trajectory(uid=uid, segments=segs, outcome_reward=info.get("f1", 0.0), stats=make_stats(**info),
                       traj_id=traj_id)
 
 
@@ -64,13 +65,8 @@ def _group():
     return [a, b, c]
 
 
-def _algo(**training):
-    from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
-
-    algo = SPADER.__new__(SPADER)
-    algo.config = SPADERConfig().training(**training) if training else SPADERConfig()
-    algo.metrics = MetricsLogger()
-    return algo
+def _recipe(**training):
+    return Recipe(SPADERConfig().training(**training) if training else SPADERConfig())
 
 
 def _hand_rewards(outcomes):
@@ -113,7 +109,7 @@ def _expected_tokens(traj, step_adv):
     return np.asarray(out)
 
 
-def _check_group(trajs, algo, outcomes):
+def _check_group(trajs, recipe, outcomes):
     # the diversity part of the step rewards (shape_rewards stores them without the outcome)
     hand = _hand_rewards(outcomes)
     for t, r, o in zip(trajs, hand, outcomes):
@@ -123,10 +119,11 @@ def _check_group(trajs, algo, outcomes):
         assert t.outcome_reward == pytest.approx(o, abs=1e-12)
         assert t.rewards.get("tool_bonus", 0.0) == 0.0  # SPEAR bonus is off in SPADER
         assert t.total_reward == pytest.approx(sum(r), abs=1e-12)
-    token_adv, episode_adv = algo.compute_advantages(trajs)
+    adv = recipe.advantages(trajs)
+    token_adv, episode_adv = adv.token, adv.episode
     hand_adv = _hand_advantages(hand)
     for t, ta, ha in zip(trajs, token_adv, hand_adv):
-        np.testing.assert_allclose(t.info["step_advantages"], ha, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(t.derived["step_advantages"], ha, rtol=0, atol=1e-9)
         assert ta.shape == (t.length,)
         np.testing.assert_allclose(ta, _expected_tokens(t, ha), rtol=0, atol=1e-5)  # float32
         assert np.all(ta[t.loss_mask() == 0] == 0.0)  # prompt + observation tokens
@@ -137,17 +134,17 @@ def _check_group(trajs, algo, outcomes):
 
 
 def test_hand_built_group_rewards_and_advantages():
-    algo = _algo()
+    recipe = _recipe()
     trajs = _group()
-    algo.shape_rewards(trajs, step=STEP)
-    hand = _check_group(trajs, algo, (0.8, 0.5, 0.25))
+    metrics = recipe.shape_rewards(trajs, step=STEP)
+    hand = _check_group(trajs, recipe, (0.8, 0.5, 0.25))
 
     # Concrete numbers (one place where an error in the hand formulas would show).
     e1 = math.exp(-1.0)
     assert hand[0][0] == pytest.approx((1 + 4 * e1 + 5) / 4 - 0.0025)
     assert hand[2][0] == pytest.approx(-0.00125)
 
-    m = {k: algo.metrics.peek(("spader", k)) for k in (
+    m = {k: metrics[("spader", k)] for k in (
         "step_reward_mean", "entities_found_per_episode", "unique_entities_per_group",
         "rarity_weighted_discoveries", "queries_per_step", "tool_cost_weight")}
     div = [r for t in trajs for r in t.step_rewards]  # 8 steps
@@ -157,29 +154,28 @@ def test_hand_built_group_rewards_and_advantages():
     assert m["rarity_weighted_discoveries"] == pytest.approx(((1 + 4 * e1 + 5 + 5) + (1 + 4 * e1 + 5) + 0) / 3)
     assert m["queries_per_step"] == pytest.approx((2 + 1 + 0 + 1 + 3 + 0 + 1 + 0) / 8)
     assert m["tool_cost_weight"] == pytest.approx(C)
-    assert trajs[0].info["entities_found"] == 3 and trajs[2].info["entities_found"] == 0
+    assert trajs[0].derived["entities_found"] == 3 and trajs[2].derived["entities_found"] == 0
 
     # Before the cost-free phase ends there is no cost: c(99) = 0.
-    algo0 = _algo()
     t0 = _group()
-    algo0.shape_rewards(t0, step=99)
+    metrics0 = _recipe().shape_rewards(t0, step=99)
     assert t0[2].step_rewards[0] == 0.0
-    assert algo0.metrics.peek(("spader", "tool_cost_weight")) == 0.0
+    assert metrics0[("spader", "tool_cost_weight")] == 0.0
 
 
 def test_hand_built_group_format_error_reward():
-    algo = _algo(format_error_reward=-1)
+    recipe = _recipe(format_error_reward=-1)
     trajs = _group()
-    trajs[1].info["format_ok"] = False  # B answered with malformed output (F1 ignored)
-    algo.shape_rewards(trajs, step=STEP)
-    _check_group(trajs, algo, (0.8, -1.0, 0.25))
+    trajs[1].stats.format_ok = False  # B answered with malformed output (F1 ignored)
+    recipe.shape_rewards(trajs, step=STEP)
+    _check_group(trajs, recipe, (0.8, -1.0, 0.25))
 
     # Released default (0): a malformed answer earns 0 on the answer step.
-    algo = _algo()
+    recipe = _recipe()
     trajs = _group()
-    trajs[1].info["format_ok"] = False
-    algo.shape_rewards(trajs, step=STEP)
-    _check_group(trajs, algo, (0.8, 0.0, 0.25))
+    trajs[1].stats.format_ok = False
+    recipe.shape_rewards(trajs, step=STEP)
+    _check_group(trajs, recipe, (0.8, 0.0, 0.25))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_checkpoint_restore_in_new_process(ray_session, tiny_model, tmp_path):
         ckpt = algo.save_to_path(str(tmp_path / "ckpt"))
         state = algo._extra_state()
         expected = {"algo_step": state["algo_step"], "position": state["task_sampler"]["position"],
-                    "epoch": state["task_sampler"]["epoch"], "sil": algo.sil_buffer.get_state()}
+                    "epoch": state["task_sampler"]["epoch"], "sil": algo.recipe.sil.get_state()}
         algo.train()  # what the original does next
         next_tasks_original = algo.task_sampler.get_state()["position"]
     finally:
@@ -85,7 +85,7 @@ def test_checkpoint_restore_in_new_process(ray_session, tiny_model, tmp_path):
         assert s["algo_step"] == exp["algo_step"], (s["algo_step"], exp)
         assert s["task_sampler"]["position"] == exp["position"]
         assert s["task_sampler"]["epoch"] == exp["epoch"]
-        buf = algo.sil_buffer.get_state()
+        buf = algo.recipe.sil.get_state()
         if exp["sil_len"] is not None:
             assert len(buf["entries"]) == exp["sil_len"], (len(buf["entries"]), exp)
         r = algo.train()

@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from rllib_spear.testing import make_stats
+
 from rllib_spear.envs.sandbox import PythonSandbox, available_backends
 
 WALL = 3.0
@@ -269,9 +271,9 @@ def test_code_env_refuses_at_construction_and_reports_its_backend(monkeypatch):
     with pytest.warns(RuntimeWarning):
         weak = CodeMathEnv(sandbox_config={"wall_timeout_s": 9.0, "allow_weak_sandbox": True})
     weak.reset({"prompt": "1+1?", "answer": "2"})
-    assert weak.episode_stats()["sandbox_weak"] is True
+    assert weak.episode_stats().extra["sandbox_weak"] is True
     seg = [Segment("prompt", [1, 2]), Segment("assistant", [3], [0.0], step=0)]
-    trajs = [Trajectory(uid="a", segments=list(seg), step_rewards=[0.0], info={"sandbox_weak": w})
+    trajs = [Trajectory(uid="a", segments=list(seg), step_rewards=[0.0], stats=make_stats(sandbox_weak=w))
              for w in (True, False, False, False)]
     assert rollout_metrics(trajs, [])["sandbox_weak_rate"] == 0.25
 

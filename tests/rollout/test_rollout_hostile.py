@@ -104,7 +104,7 @@ def _tasks(*modes):
 
 
 def _assert_complete(t):
-    assert "rollout_error" not in t.info and not t.truncated
+    assert t.rollout.error is None and not t.truncated
     assert t.num_steps == TURNS
     assert [s.kind for s in t.segments[1:]] == ["assistant", "observation"] * (TURNS - 1) + ["assistant"]
 
@@ -127,7 +127,7 @@ def test_surrogate_in_model_text_echoed_into_observation(engine_and_tok):
     assert len(trajs) == 4 and stats.rollout_errors == 0
     for t in trajs:
         _assert_complete(t)
-        for text in t.info["assistant_texts"]:
+        for text in t.rollout.assistant_texts:
             assert "\ufffd" in text
             text.encode("utf-8")
     # the echoed (sanitized) text was tokenized into the observation
@@ -160,12 +160,12 @@ def test_failing_turn_becomes_errored_trajectory(engine_and_tok, mode, exc_type,
             _assert_complete(t)
     for t in bad:
         assert t.truncated
-        assert t.info["rollout_error"].startswith(f"{exc_type}: ")
-        assert t.info["rollout_error_stage"] == stage
+        assert t.rollout.error.startswith(f"{exc_type}: ")
+        assert t.rollout.error_stage == stage
         # ended after the second assistant turn; the first observation is kept
         assert [s.kind for s in t.segments[1:]] == ["assistant", "observation", "assistant"]
         assert t.num_steps == 2 and len(t.step_rewards) == 2
-        assert t.info["turns"] == 2
+        assert t.rollout.turns == 2
     assert stats.rollout_errors == 2
     # errored trajectories still collate like any truncated one
     batch = collate_trajectories(trajs, pad_token_id=0)

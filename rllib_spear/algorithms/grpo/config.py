@@ -10,103 +10,20 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.util import log_once
 
 from ...core.losses import PolicyLossConfig
-
-# RLlib wants spaces to build RLModules; tokens are not gym observations, so these are
-# placeholders (the learner never uses RLlib's action distributions).
-PLACEHOLDER_OBS_SPACE = gym.spaces.Box(0, np.iinfo(np.int32).max, (1,), np.int64)
-PLACEHOLDER_ACTION_SPACE = gym.spaces.Discrete(2)
-
-EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (models.default_policy_path)
-
-_FILTERS = ("overlong", "incomplete", "repetitive", "unreadable")
-
-# training() kwargs owned by this config (name -> default). Kept in one table so that
-# training(), to_dict() and validate() cannot drift apart.
-GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
-    # sampling shape
-    "group_size": 8,
-    "tasks_per_iteration": 32,
-    # advantages
-    "std_normalize_advantages": True,  # GRPO divides by the group std; Dr.GRPO/Dr.BoT do not
-    "advantage_estimator": "grpo",  # "grpo" (outcome, 1.1) or "spa" (SPADER step-wise peer, 3.3)
-    "spa_gamma": 0.9,
-    # policy loss (1.2 - 1.4, 1.6)
-    "clip_ratio_low": 0.2,
-    "clip_ratio_high": 0.2,
-    "dual_clip_c": None,
-    "loss_agg_mode": "token-mean",
-    "loss_mode": "vanilla",
-    "clip_cov_ratio": 2e-4,
-    "clip_cov_lb": 1.0,
-    "clip_cov_ub": 5.0,
-    "kl_cov_ratio": 2e-4,
-    "kl_cov_coef": 0.1,
-    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm), 0 = off
-    "entropy_coeff": 0.0,
-    "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
-    "kl_estimator": "k3",
-    "t_norm": None,  # seq-mean-token-sum-norm constant; None = max_response_tokens
-    # Dr.BoT filters (1.5)
-    "response_filters": (),
-    "filter_ngram_size": 20,
-    "filter_ngram_repeats": 10,
-    "group_filter_keep_fraction": None,  # e.g. 0.75; None = keep all groups
-    # optimisation
-    "weight_decay": 0.01,
-    "adam_betas": (0.9, 0.999),
-    "micro_batch_token_budget": 8192,
-    "lr_warmup_steps": 0,
-    "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
-    # torch CPU threads in the learner and env-runner processes. None keeps Ray's setting
-    # (OMP_NUM_THREADS = the actor's num_cpus, usually 1). Sampling and learning alternate, so on
-    # a CPU-only machine each phase can use every core: set it to the core count there.
-    "torch_num_threads": None,
-}
-
-SAMPLING_DEFAULTS: dict[str, Any] = {
-    "engine": "hf",
-    "engine_kwargs": {},
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": -1,
-    "max_new_tokens": 128,
-    "stop": [],
-    "max_turns": 4,
-    "max_model_len": 1024,
-    "max_response_tokens": 512,
-    "max_observation_tokens": 256,
-    "observation_template": "chatml",
-}
-
-
-# learners() kwargs owned by this config (docs/design.md "Learner sharding"): how the policy is
-# laid out over the learner ranks and in which precision it computes.
-LEARNER_DEFAULTS: dict[str, Any] = {
-    "sharding": "ddp",  # "ddp": a full replica per learner; "fsdp": FSDP2 fully_shard per block
-    "mixed_precision": None,  # None: compute in the weights' dtype; "bf16": bf16 compute, fp32 master
-    "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
-    "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
-    "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
-}
-
-#: env_runners() kwargs about the engines' hardware (not sampling knobs).
-ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
-    "engine_gpu_memory_gb": None,  # memory of one engine GPU; None = gpu_memory_gb of learners()
-}
-
-SHARDING_STRATEGIES = ("ddp", "fsdp")
-#: What benchmarks/master_weights.py measured for one AdamW step at lr 1e-6 with bf16 weights and
-#: state vs fp32 master weights (quoted by the warning of validate()).
-LOW_PRECISION_MASTER_EFFECT = ("2.1% of the weights change at all and the mean applied step is 0.03x the "
-                               "fp32-master step (lr 1e-5: 15.7%, 0.19x)")
-MIXED_PRECISION = (None, "bf16")
+from ...recipe import DRBOT_FILTERS
+from ...recipe.checks import check_recipe
+from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
+    EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS, LOW_PRECISION_MASTER_EFFECT,
+    MIXED_PRECISION, PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE, SAMPLING_DEFAULTS, SHARDING_STRATEGIES,
+    training_defaults,
+)
+from .layout_checks import check_learner_layout
 
 
 class GRPOConfig(AlgorithmConfig):
@@ -118,7 +35,7 @@ class GRPOConfig(AlgorithmConfig):
 
             algo_class = GRPO
         super().__init__(algo_class=algo_class)
-        for k, v in {**GRPO_TRAINING_DEFAULTS, **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
+        for k, v in {**training_defaults(), **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
                      **ENGINE_RESOURCE_DEFAULTS}.items():
             setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
         # RLlib settings that fit this workload.
@@ -150,9 +67,10 @@ class GRPOConfig(AlgorithmConfig):
 
     # ------------------------------------------------------------------ builder methods
     def training(self, **kwargs: Any) -> "GRPOConfig":
-        """RLlib's ``training()`` plus every GRPO/Dr.BoT knob (see GRPO_TRAINING_DEFAULTS)."""
-        own = {k: kwargs.pop(k) for k in list(kwargs) if hasattr(type(self), "_own_training_keys")
-               and k in self._own_training_keys()}
+        """RLlib's ``training()`` plus every knob of ``training_defaults()``: GRPO's, SIL's, and
+        those of every registered recipe piece (estimators, reward shapers, filters)."""
+        keys = self._own_training_keys()
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k in keys}
         super().training(**kwargs)
         for k, v in own.items():
             if v is not NotProvided:
@@ -161,7 +79,7 @@ class GRPOConfig(AlgorithmConfig):
 
     @classmethod
     def _own_training_keys(cls) -> set[str]:
-        return set(GRPO_TRAINING_DEFAULTS)
+        return set(training_defaults())
 
     def env_runners(self, **kwargs: Any) -> "GRPOConfig":
         """RLlib's ``env_runners()`` plus the engine and sampling knobs:
@@ -201,10 +119,15 @@ class GRPOConfig(AlgorithmConfig):
 
     def environment(self, env: Any = NotProvided, *, dataset: Any = NotProvided,
                     eval_dataset: Any = NotProvided, **kwargs: Any) -> "GRPOConfig":
-        """``env``: a tool-environment name of ``rllib_spear.envs.make_env`` ("search_qa",
-        "multi_answer_search", "code_math", "text_game", "textworld"); ``env_config``: its
-        options; ``dataset`` / ``eval_dataset``: a parquet path or a default-dataset name
-        (None = the environment's embedded train / test split)."""
+        """``env``: the tool environment, any spec of ``rllib_spear.envs.make_env``: a built-in
+        name ("search_qa", "multi_answer_search", "code_math", "text_game", "textworld"), your
+        :class:`~rllib_spear.envs.ToolEnv` subclass, an import path ``"pkg.module:MyEnv"``, or a
+        name registered with ``rllib_spear.register_env`` or ``ray.tune.register_env`` (remote
+        env runners resolve it themselves: rllib_spear/envs/registry.py); ``env_config``: its
+        options (``cls(**env_config)``, or ``factory(env_config)``); ``dataset`` /
+        ``eval_dataset``: a parquet path, a default-dataset name, a list of task dicts or a
+        callable returning one (None = the environment's embedded train / test split; required
+        for your own env). Example: examples/custom_tool_env.py."""
         if env is not NotProvided:
             self.env = env
         if dataset is not NotProvided:
@@ -226,15 +149,18 @@ class GRPOConfig(AlgorithmConfig):
         tis = self.tis_cap
         if tis is None and self.engine == "vllm":
             tis = 2.0
+        if replay:  # SIL (2.3): the ratio pi_theta / pi_behaviour uses stored log-probs, no engine term
+            tis = None
+        cov = ("replay_" if replay else "") + "clip_cov_"
         return PolicyLossConfig(
             clip_ratio_low=self.clip_ratio_low,
             clip_ratio_high=self.clip_ratio_high,
             dual_clip_c=self.dual_clip_c,
             loss_mode=self.loss_mode,
             loss_agg_mode=self.loss_agg_mode,
-            clip_cov_ratio=self.clip_cov_ratio,
-            clip_cov_lb=self.clip_cov_lb,
-            clip_cov_ub=self.clip_cov_ub,
+            clip_cov_ratio=getattr(self, cov + "ratio"),  # replayed data: the agent code's Clip-Cov (1.4)
+            clip_cov_lb=getattr(self, cov + "lb"),
+            clip_cov_ub=getattr(self, cov + "ub"),
             kl_cov_ratio=self.kl_cov_ratio,
             kl_cov_coef=self.kl_cov_coef,
             tis_cap=tis if tis else None,
@@ -248,7 +174,11 @@ class GRPOConfig(AlgorithmConfig):
 
     def policy_loss_kwargs(self, replay: bool = False) -> dict[str, str]:
         """{PolicyLossConfig field: the training() kwarg that sets it} where the names differ."""
-        return dict(self._LOSS_KWARGS)
+        names = dict(self._LOSS_KWARGS)
+        if replay:
+            names.update(clip_cov_ratio="replay_clip_cov_ratio", clip_cov_lb="replay_clip_cov_lb",
+                         clip_cov_ub="replay_clip_cov_ub")
+        return names
 
     @property
     def loss_t_norm(self) -> float:
@@ -301,8 +231,7 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("max_model_len", 16)
         pos_int("max_response_tokens")
         pos_int("lr_warmup_steps", 0)
-        if self.advantage_estimator not in ("grpo", "spa"):
-            err(f"`advantage_estimator` must be 'grpo' or 'spa', got {self.advantage_estimator!r}")
+        check_recipe(self, err)
         if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
             err(f"`weight_decay` must be a number >= 0, got {self.weight_decay!r}")
         tis = self.tis_cap
@@ -316,14 +245,9 @@ class GRPOConfig(AlgorithmConfig):
                     "training()" + (" (SIL replay loss)" if replay else ""), self.policy_loss_kwargs(replay))
             except ValueError as e:
                 err(str(e))
-        bad = [f for f in self.response_filters if f not in _FILTERS]
-        if bad:
-            err(f"`response_filters` has unknown entries {bad}; allowed: {_FILTERS}")
         kf = self.group_filter_keep_fraction
         if kf is not None and not (0 < kf <= 1):
             err(f"`group_filter_keep_fraction` must be in (0, 1] or None, got {kf!r}")
-        if not 0 <= self.spa_gamma <= 1:
-            err(f"`spa_gamma` must be in [0, 1], got {self.spa_gamma!r}")
         if self.engine not in ("hf", "vllm"):
             err(f"`engine` must be 'hf' or 'vllm' (set it with .env_runners(engine=...)), got {self.engine!r}")
         if self.temperature <= 0:
@@ -334,8 +258,11 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`max_response_tokens` ({self.max_response_tokens}) must be <= `max_model_len` ({self.max_model_len})")
         if self.minibatch_size is not None and self.minibatch_size < 1:
             err(f"`minibatch_size` (trajectories per optimizer step) must be >= 1 or None, got {self.minibatch_size!r}")
-        if not isinstance(self.env, str):
-            err(f"`env` must be a tool-environment name (e.g. 'search_qa'), got {self.env!r}")
+        from ...envs.registry import check_env_spec  # light: imports no built-in env
+
+        why = check_env_spec(self.env, in_config=True)
+        if why:
+            err(f"`env` (set with .environment(env=...)): {why}")
         if "model_path" not in self.model_config:
             err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
                 "(a local HF model folder, or 'embedded' for the project's tiny model)")
@@ -346,63 +273,8 @@ class GRPOConfig(AlgorithmConfig):
                 torch_dtype(self.model_config["dtype"])
             except ValueError as e:
                 err(f"`model_config['dtype']`: {e}")
-        self._validate_learner_layout()
+        check_learner_layout(self, self._value_error)
         self._warn_on_cold_start_call_format()
-
-    def _validate_learner_layout(self) -> None:
-        """sharding / mixed_precision / cpu_offload / model dtype (docs/design.md "Learner sharding")."""
-        err = self._value_error
-        if self.sharding not in SHARDING_STRATEGIES:
-            err(f"`sharding` must be one of {SHARDING_STRATEGIES} (set it with .learners(sharding=...)), "
-                f"got {self.sharding!r}")
-        if self.mixed_precision not in MIXED_PRECISION:
-            err(f"`mixed_precision` must be None or 'bf16' (.learners(mixed_precision=...)), got {self.mixed_precision!r}")
-        if self.sharding == "fsdp" and self.num_learners < 1:
-            err("`sharding='fsdp'` runs on remote learner ranks: set .learners(num_learners=N) with N >= 1 "
-                f"(got num_learners={self.num_learners})")
-        if self.sharding == "fsdp" and self.grad_clip is not None and self.grad_clip_by != "global_norm":
-            err("`sharding='fsdp'` clips by the global norm over all shards: set .training(grad_clip_by="
-                f"'global_norm') (got {self.grad_clip_by!r})")
-        if self.cpu_offload and self.sharding != "fsdp":
-            err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
-        if self.gpu_memory_gb is not None and (not isinstance(self.gpu_memory_gb, (int, float))
-                                               or self.gpu_memory_gb <= 0):
-            err(f"`gpu_memory_gb` must be a number > 0 or None, got {self.gpu_memory_gb!r}")
-        from ...models.dtypes import dtype_name
-
-        try:
-            dtype = dtype_name((self.model_config or {}).get("dtype", "float32"))
-        except ValueError:
-            return  # reported by validate() already
-        if self.mixed_precision == "bf16" and dtype != "float32":
-            err(f"`mixed_precision='bf16'` keeps fp32 master weights and computes in bf16: set "
-                f"model_config['dtype'] to 'float32' (or drop it), got {dtype!r}")
-        if self.mixed_precision is None and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
-            logging.getLogger(__name__).warning(
-                "model_config['dtype']=%r trains %s weights with %s AdamW state: most updates round away "
-                "(benchmarks/master_weights.py, one AdamW step at lr 1e-6: %s). Use "
-                ".learners(mixed_precision='bf16') with float32 master weights instead.",
-                dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
-        self._validate_memory_plan()
-
-    def _validate_memory_plan(self) -> None:
-        """With ``gpu_memory_gb`` (or ``engine_gpu_memory_gb``) declared, refuse a config whose memory
-        plan (rllib_spear/planner.py, ``rllib-spear plan``) does not fit, naming the knob to change.
-        Reads the model's config.json only (no weights, no torch); nothing to do when neither is set."""
-        if self.gpu_memory_gb is None and self.engine_gpu_memory_gb is None:
-            return
-        g = self.engine_gpu_memory_gb
-        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or g <= 0):
-            self._value_error(f"`engine_gpu_memory_gb` must be a number > 0 or None, got {g!r}")
-        from ...planner import MEMORY_ERROR, check_fits
-
-        try:
-            msg = check_fits(self)
-        except ValueError as e:  # no shape for the model, or a value the planner cannot size
-            msg = (f"{MEMORY_ERROR} cannot check that the config fits gpu_memory_gb / engine_gpu_memory_gb: {e} "
-                   "(or drop gpu_memory_gb to skip the check)")
-        if msg:
-            self._value_error(msg)
 
     def _warn_on_cold_start_call_format(self) -> None:
         """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);
@@ -410,7 +282,7 @@ class GRPOConfig(AlgorithmConfig):
         path = str(self.model_config.get("model_path", ""))
         if not path.startswith("embedded:") or path.split(":", 1)[1] != self.env:
             return
-        from ...models.sft import task_policy_env_config
+        from ...coldstart import task_policy_env_config
 
         want = task_policy_env_config(self.env).get("parser")
         env_config = self.env_config or {}
@@ -441,6 +313,6 @@ def apply_drbot_defaults(cfg: GRPOConfig) -> GRPOConfig:
     cfg.std_normalize_advantages = False
     cfg.loss_agg_mode = "seq-mean-token-sum-norm"
     cfg.dual_clip_c = 10.0
-    cfg.response_filters = _FILTERS
+    cfg.response_filters = DRBOT_FILTERS
     cfg.group_filter_keep_fraction = 0.75
     return cfg

@@ -1,18 +1,20 @@
-"""GRPO and Dr.BoT as RLlib Algorithms (the base that SPEAR and SPADER extend).
+"""GRPO and Dr.BoT as RLlib Algorithms; SPEAR and SPADER are this training step with other recipes.
 
-One ``training_step``:
- 1. draw ``tasks_per_iteration`` tasks (checkpointed position) and split them over the
-    healthy LLMEnvRunners; each returns G trajectories per task;
- 2. ``shape_rewards``: algorithm-specific rewards (SPEAR tool bonus, SPADER step rewards);
- 3. ``compute_advantages`` on the driver, grouped by uid;
- 4. Dr.BoT response filters zero masks; the group-std filter drops the flattest groups;
- 5. ``learner_group.update`` with whole groups per learner and global normalizers;
- 6. ``after_update`` (SPEAR: SIL replay + buffer update), metrics, weight sync (versioned).
+One ``training_step`` (docs/algorithms.md 1-3; the pieces are registered in rllib_spear/recipe and
+named by the config):
+ 1. draw ``tasks_per_iteration`` tasks (checkpointed position), sample G trajectories per task
+    on the healthy LLMEnvRunners; ``TrajectoryCallback.on_trajectories`` sees the batch;
+ 2. reward shapers (SPEAR tool bonus, SPADER diversity reward, user reward functions);
+ 3. the advantage estimator, grouped by uid (GRPO outcome / SPADER step-wise peer);
+ 4. response filters zero masks; the group-std filter drops the flattest groups;
+ 5. SIL replay rows, when on (sampled before this batch is admitted);
+ 6. ``learner_group.update`` with whole groups per learner and global normalizers (replay
+    joined or in its own optimizer steps);
+ 7. SIL admission, the version-checked weight sync, metrics.
 """
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
@@ -21,28 +23,20 @@ from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (
     ENV_RUNNER_RESULTS, EPISODE_LEN_MEAN, EPISODE_RETURN_MEAN, LEARNER_RESULTS,
-    NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME, TIMERS,
+    NUM_ENV_STEPS_SAMPLED_LIFETIME, NUM_EPISODES_LIFETIME,
 )
 
-from ...core.advantages import group_advantages, step_peer_advantages
-from ...core.filters import group_std_filter, response_filter_reasons
+from ...callbacks import run_trajectory_callbacks
 from ...core.trajectory import Trajectory
-from .batching import LearnerRow, build_learner_batches
+from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
+from ...recipe.recipe import Metrics
 from .config import DrBoTConfig, GRPOConfig
-from .task_sampler import TaskSampler
+from .rollouts import sample_groups
+from .weight_sync import sync_weights
 
 __all__ = ["GRPO", "DrBoT"]
 
 _STATE_KEY = "rllib_spear"
-
-
-def step_rewards_with_outcome(t: Trajectory) -> list[float]:
-    """Per-step rewards r_k with the episode-level reward terms added on the last step, so that
-    sum_k r_k == t.total_reward."""
-    r = [float(x) for x in t.step_rewards] or [0.0]
-    r = r + [0.0] * max(0, t.num_steps - len(r))
-    r[-1] += float(t.outcome_reward + sum(t.rewards.values()))
-    return r
 
 
 class GRPO(Algorithm):
@@ -54,7 +48,7 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: GRPOConfig) -> None:
-        from ...models.rl_module import resolve_model_path
+        from ...coldstart import resolve_model_path
         from ...envs import load_tasks
 
         # Resolve "embedded" once on the driver (builds and caches the tiny SFT policy), so that
@@ -68,157 +62,68 @@ class GRPO(Algorithm):
                 c._model_config = {**c._model_config, "model_path": resolved}
                 c._is_frozen = frozen
         super().setup(config)
-        tasks = load_tasks(config.dataset or config.env, "train")
+        tasks = load_tasks(config.env if config.dataset is None else config.dataset, "train", env=config.env)
         self.task_sampler = TaskSampler(tasks, seed=config.seed or 0)
+        self.recipe = Recipe(config)
         self.algo_step = 0  # t of docs/algorithms.md (completed training steps)
         self._rng = np.random.default_rng((config.seed or 0) + 17)
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
-        self._sync_weights()
+        self.sync_weights()
 
     @property
     def pad_token_id(self) -> int:
         return 0
 
-    # ------------------------------------------------------------------ hooks for subclasses
-    def shape_rewards(self, trajs: list[Trajectory], step: int) -> None:
-        """Add algorithm-specific reward terms to ``traj.rewards`` / ``traj.step_rewards``."""
-
-    def compute_advantages(self, trajs: list[Trajectory]) -> tuple[list[np.ndarray], np.ndarray]:
-        """Per-token advantages of each trajectory and a scalar episode advantage.
-
-        ``grpo``: outcome advantage of R_i (1.1) on every assistant token. ``spa``: SPADER's
-        step-wise peer advantage (3.3) over per-step rewards, where the episode-level terms
-        (outcome, named components such as SPEAR's tool bonus) are paid on the last step.
-        The scalar episode advantage (R_i - group mean, for SIL admission) is returned either way.
-        """
-        cfg = self.config
-        rewards = np.array([t.total_reward for t in trajs], np.float64)
-        uids = [t.uid for t in trajs]
-        if cfg.advantage_estimator == "spa":
-            per_step = [step_rewards_with_outcome(t) for t in trajs]
-            step_adv = step_peer_advantages(per_step, uids, gamma=cfg.spa_gamma)
-            token_adv = [t.token_advantages(a) for t, a in zip(trajs, step_adv)]
-            for t, a in zip(trajs, step_adv):
-                t.info["step_advantages"] = [float(x) for x in a]
-            episode_adv = group_advantages(rewards, uids, std_normalize=False)
-            return token_adv, episode_adv
-        adv = group_advantages(rewards, uids, std_normalize=cfg.std_normalize_advantages)
-        return [t.token_advantages(float(a)) for t, a in zip(trajs, adv)], adv
-
-    def replay_rows(self, step: int) -> tuple[list[LearnerRow], bool]:
-        """Replayed rows for this step and whether they join the on-policy batch (SPEAR)."""
-        return [], False
-
-    def after_update(self, trajs: list[Trajectory], episode_adv: np.ndarray,
-                     filtered: list[bool], step: int) -> None:
-        """Called after the on-policy update (SPEAR: self-imitation)."""
-
     # ------------------------------------------------------------------ training step
     def training_step(self) -> None:
         cfg: GRPOConfig = self.config
         step = self.algo_step + 1
-        t_start = time.perf_counter()
-        tasks = self.task_sampler.next(cfg.tasks_per_iteration)
-        trajs, runner_stats = self._sample(tasks, step)
-        t_sample = time.perf_counter() - t_start
+        t0 = time.perf_counter()
+        trajs, runner_stats = self.sample(self.task_sampler.next(cfg.tasks_per_iteration))
+        run_trajectory_callbacks(self, trajs, runner_stats, step)
+        t_sample = time.perf_counter() - t0
         if not trajs:
             self.metrics.log_value("lost_all_samples", 1, reduce="sum")
             return
-        self.shape_rewards(trajs, step)
-        token_adv, episode_adv = self.compute_advantages(trajs)
-        masks, filtered, filter_counts = self._apply_filters(trajs)
-        rows = [LearnerRow(t, a, m) for t, a, m, f in zip(trajs, token_adv, masks, filtered)]
-        replay_rows, joint = self.replay_rows(step)
+        self._log(self.recipe.shape_rewards(trajs, step))
+        adv = self.recipe.advantages(trajs)
+        kept = self.recipe.filter(trajs)
+        rows = self.recipe.learner_rows(trajs, adv, kept)
+        replay = self.recipe.replay(step)
         t0 = time.perf_counter()
-        if replay_rows and joint:
-            self._update_learners(list(rows) + list(replay_rows), step)
+        if replay.joint:
+            self.update_learners(rows + replay.rows, step)
         else:
-            self._update_learners(rows, step)
-            if replay_rows:  # sequential SIL: its own optimizer steps after the on-policy ones
-                self._update_learners(replay_rows, step)
+            self.update_learners(rows, step)
+            if replay.rows:  # sequential SIL: its own optimizer steps after the on-policy ones
+                self.update_learners(replay.rows, step)
         t_train = time.perf_counter() - t0
-        self.after_update(trajs, episode_adv, filtered, step)
+        self._log(self.recipe.after_update(trajs, adv, kept, step, replay))
         self.algo_step = step
-        self._sync_weights()
-        self._log_rollout_metrics(trajs, runner_stats, filter_counts, t_sample)
-        trained_tokens = sum(int(r.traj.length) for r in rows) + sum(
-            int(r.traj.length) for r in replay_rows)
+        self.sync_weights()
+        self._log_rollout_metrics(trajs, runner_stats, kept.fractions, t_sample)
+        trained_tokens = sum(int(r.traj.length) for r in rows + replay.rows)
         self.metrics.log_value("train_tokens_per_s", trained_tokens / max(t_train, 1e-9), window=1)
         self.metrics.log_value("algo_step", step, window=1)
 
     # ------------------------------------------------------------------ pieces
-    def _sample(self, tasks: list[dict], step: int, group_size: int | None = None
-                ) -> tuple[list[Trajectory], list[dict]]:
-        cfg = self.config
-        G = int(group_size or cfg.group_size)
-        group = self.env_runner_group
-        version = self._policy_version
-        self._sampled_version = version
-        if group.num_remote_env_runners() == 0:
-            local = group.local_env_runner
-            out = local.sample_groups(tasks=tasks, group_size=G, policy_version=version)
-            return list(out["trajectories"]), [out["stats"]]
-        ids = group.healthy_env_runner_ids()
-        if not ids:
-            restored = group.probe_unhealthy_env_runners()
-            if restored:
-                # A restarted runner holds the initial weights: bring it to the current version
-                # before it samples (else it would sample with a stale policy).
-                self._sync_weights()
-                version = self._sampled_version = self._policy_version
-            ids = group.healthy_env_runner_ids()
-        if not ids:
-            return [], []
-        shares = [tasks[i::len(ids)] for i in range(len(ids))]
-        funcs = [
-            (lambda r, s=s: r.sample_groups(tasks=s, group_size=G, policy_version=version))
-            for s in shares
-        ]
-        ids, funcs = zip(*[(i, f) for i, f, s in zip(ids, funcs, shares) if s])
-        results = group.foreach_env_runner(list(funcs), local_env_runner=False,
-                                           remote_worker_ids=list(ids))
-        lost = len(ids) - len(results)
+    def sample(self, tasks: list[dict], group_size: int | None = None) -> tuple[list[Trajectory], list[dict]]:
+        """G = ``group_size`` (default ``config.group_size``) trajectories per task, whole groups only."""
+        version = self._sampled_version = self._policy_version
+
+        def resync() -> int:
+            self.sync_weights()
+            self._sampled_version = self._policy_version
+            return self._policy_version
+
+        trajs, stats, lost = sample_groups(self.env_runner_group, tasks, int(group_size or self.config.group_size),
+                                           version, resync)
         if lost:
             self.metrics.log_value("lost_env_runner_samples", lost, reduce="sum")
-        trajs = [t for r in results for t in r["trajectories"]]
-        # Keep whole groups only (a group split by a failure would bias its baseline).
-        counts: dict[str, int] = defaultdict(int)
-        for t in trajs:
-            counts[t.uid] += 1
-        trajs = [t for t in trajs if counts[t.uid] == G]
-        return trajs, [r["stats"] for r in results]
+        return trajs, stats
 
-    def _apply_filters(self, trajs: list[Trajectory]):
-        cfg = self.config
-        counts: dict[str, int] = defaultdict(int)
-        masks, filtered = [], []
-        kept_groups = None
-        if cfg.group_filter_keep_fraction is not None:
-            kept_groups = group_std_filter([t.total_reward for t in trajs], [t.uid for t in trajs],
-                                           keep_fraction=cfg.group_filter_keep_fraction)
-        for t in trajs:
-            reasons = []
-            if cfg.response_filters:
-                ids = [tok for seg in t.assistant_token_ids() for tok in seg]
-                text = "".join(t.info.get("assistant_texts", []))
-                reasons = [r for r in response_filter_reasons(
-                    ids, text, reached_max_length=bool(t.info.get("reached_max_length")),
-                    has_valid_answer=bool(t.info.get("has_answer", True)),
-                    n=cfg.filter_ngram_size, min_count=cfg.filter_ngram_repeats)
-                    if r in cfg.response_filters]
-            if kept_groups is not None and t.uid not in kept_groups:
-                reasons.append("group_std")
-            for r in reasons:
-                counts[r] += 1
-            mask = t.loss_mask()
-            if reasons:
-                mask = np.zeros_like(mask)
-            masks.append(mask)
-            filtered.append(bool(reasons))
-        counts["any"] = sum(filtered)
-        return masks, filtered, {k: v / len(trajs) for k, v in counts.items()}
-
-    def _update_learners(self, rows: Sequence[LearnerRow], step: int) -> list[dict]:
+    def update_learners(self, rows: Sequence[LearnerRow], step: int) -> list[dict]:
+        """One ``learner_group.update`` over ``rows``: whole groups per learner, global normalizers."""
         cfg = self.config
         batches = build_learner_batches(
             rows, num_learners=cfg.num_learners, minibatch_size=cfg.minibatch_size,
@@ -235,67 +140,31 @@ class GRPO(Algorithm):
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
 
+    def sync_weights(self) -> None:
+        """The learners' weights to every runner, version-checked (rollouts run on the new version)."""
+        if self.env_runner_group is not None:
+            self._policy_version = sync_weights(self.learner_group, self.env_runner_group, self.config.sharding)
+
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, then the version-checked weight sync of the restored runners."""
         restored = super().restore_env_runners(env_runner_group)
         if restored and env_runner_group is self.env_runner_group and hasattr(self, "task_sampler"):
-            self._sync_weights()
+            self.sync_weights()
         return restored
 
-    def _sync_weights(self) -> None:
-        """Push the learner's weights to every runner and check each runner's version.
-
-        RLlib's ``sync_weights`` is fire-and-forget with a cap on requests in flight, so a sync
-        can be silently dropped; here each runner applies the state (torch tensors, never
-        RLlib's float32-numpy conversion) synchronously and returns its WEIGHTS_SEQ_NO.
-        """
-        import ray
-        from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_RL_MODULE
-        from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
-
-        group = self.env_runner_group
-        if group is None:
-            return
-        if self.config.sharding == "fsdp":
-            # Every rank gathers its shards one tensor at a time; rank 0 returns the weights.
-            results = self.learner_group.foreach_learner(lambda learner: learner.engine_state())
-            states = [r.get() for r in results.result_or_errors if r.ok]
-            errors = [r.get() for r in results.result_or_errors if not r.ok]
-            if errors:
-                raise errors[0]
-            state = next(s for s in states if s is not None)
-        else:
-            state = self.learner_group.get_state(
-                components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE, inference_only=True
-            )[COMPONENT_LEARNER]
-        payload = {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE],
-                   WEIGHTS_SEQ_NO: int(state.get(WEIGHTS_SEQ_NO, 0))}
-        expected = payload[WEIGHTS_SEQ_NO]
-        if group.num_remote_env_runners() == 0:
-            group.local_env_runner.set_state(payload)
-            versions = [group.local_env_runner.weights_version]
-        else:
-            ref = ray.put(payload)
-
-            def apply(runner, ref=ref):
-                runner.set_state(ray.get(ref))
-                return runner.weights_version
-
-            versions = group.foreach_env_runner(apply, local_env_runner=False)
-        stale = [v for v in versions if v != expected]
-        if stale:
-            raise RuntimeError(f"weight sync: runners report versions {versions}, expected {expected}")
-        self._policy_version = expected
+    def _log(self, metrics: Metrics) -> None:
+        for key, v in metrics.items():
+            self.metrics.log_value(key, v, window=1)
 
     def _log_rollout_metrics(self, trajs: list[Trajectory], runner_stats: list[dict],
-                             filter_counts: dict[str, float], t_sample: float) -> None:
+                             filter_fractions: dict[str, float], t_sample: float) -> None:
         from ...metrics import rollout_metrics
 
         key = ENV_RUNNER_RESULTS
         m = rollout_metrics(trajs, runner_stats, expected_version=self._sampled_version)
         for k, v in m.items():
             self.metrics.log_value((key, k), v, window=1)
-        for k, v in filter_counts.items():
+        for k, v in filter_fractions.items():
             self.metrics.log_value(("filters", f"{k}_frac"), v, window=1)
         self.metrics.log_value((key, EPISODE_RETURN_MEAN), m["reward_total_mean"], window=1)
         self.metrics.log_value((key, EPISODE_LEN_MEAN), m["response_length_mean"], window=1)
@@ -311,25 +180,13 @@ class GRPO(Algorithm):
         and return task metrics: success / EM / F1 means and, for multi-answer tasks, macro
         precision / recall / F1 (per question, averaged over its samples, then over questions)."""
         from ...envs import load_tasks
-        from ...metrics import rollout_metrics
+        from ...metrics import task_metrics
 
         tasks = load_tasks(self.config.eval_dataset or self.config.dataset or self.config.env, split)
         if num_tasks:
             tasks = tasks[:num_tasks]
-        trajs, stats = self._sample(tasks, step=self.algo_step, group_size=group_size)
-        m = rollout_metrics(trajs, stats)
-        by_q: dict[str, list[Trajectory]] = defaultdict(list)
-        for t in trajs:
-            by_q[t.uid].append(t)
-        for key in ("precision", "recall", "f1", "em", "success"):
-            vals = [np.mean([float(t.info.get(key, 0.0)) for t in ts]) for ts in by_q.values()
-                    if any(key in t.info for t in ts)]
-            if vals:
-                m[f"macro_{key}"] = float(np.mean(vals))
-        m["num_tasks"] = float(len(by_q))
-        keep = ("num_tasks", "num_episodes", "reward_outcome_mean", "success_rate",
-                "tool_call_rate", "tool_calls_per_episode", "turns_mean", "response_length_mean")
-        return {k: v for k, v in m.items() if k in keep or k.startswith("macro_") or k.endswith("_mean")}
+        trajs, stats = self.sample(tasks, group_size=group_size)
+        return task_metrics(trajs, stats)
 
     # ------------------------------------------------------------------ checkpoint state
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
@@ -365,7 +222,7 @@ class GRPO(Algorithm):
         if _STATE_KEY in state:
             self._set_extra_state(state[_STATE_KEY])
         if hasattr(self, "task_sampler"):
-            self._sync_weights()  # restored learner weights -> runners, version-checked
+            self.sync_weights()  # restored learner weights -> runners, version-checked
 
     def _extra_state(self) -> dict[str, Any]:
         return {
@@ -373,6 +230,7 @@ class GRPO(Algorithm):
             "task_sampler": self.task_sampler.get_state(),
             "rng": self._rng.bit_generator.state,
             "policy_version": self._policy_version,
+            **self.recipe.get_state(),
         }
 
     def _set_extra_state(self, s: dict[str, Any]) -> None:
@@ -380,6 +238,7 @@ class GRPO(Algorithm):
         self.task_sampler.set_state(s["task_sampler"])
         self._rng.bit_generator.state = s["rng"]
         self._policy_version = int(s["policy_version"])
+        self.recipe.set_state(s)
 
 
 class DrBoT(GRPO):

@@ -1,5 +1,5 @@
-"""SPEAR: SPEARConfig, SPEAR and the self-imitation replay buffer."""
-from .sil_buffer import SILReplayBuffer
+"""SPEAR: SPEARConfig and SPEAR (the replay buffer lives in rllib_spear.recipe.sil_buffer)."""
+from ...recipe.sil_buffer import SILReplayBuffer
 
 __all__ = ["SILReplayBuffer", "SPEARConfig", "SPEAR"]
 

@@ -8,8 +8,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ...core.losses import loss_normalizer
-from ...core.trajectory import Trajectory, collate_trajectories
+from ..core.losses import loss_normalizer
+from ..core.trajectory import Trajectory, collate_trajectories
 
 __all__ = ["LearnerRow", "build_learner_batches"]
 

@@ -18,7 +18,7 @@ Order of operations per training step t (what the algorithm does, as the release
 Semantics
 ---------
 * Candidates (step t): trajectories with on-policy advantage ``A_i > 0`` whose loss mask was not
-  zeroed by a filter (``loss_masks_zeroed[i]`` False), and with ``info["tool_calls"] >= 1`` when
+  zeroed by a filter (``loss_masks_zeroed[i]`` False), and with ``stats.tool_calls >= 1`` when
   ``require_tool_call``. Each is stored (a copy) with its return ``R_i = traj.total_reward`` as
   collected (tool bonus of step t included) and the step t.
 * Staleness: ``t_now - t_collected > tolerate_steps`` is evicted (``0 <= tolerate_steps <= 10``,
@@ -124,7 +124,7 @@ class SILReplayBuffer:
         replay_batch_size: continuous mode: samples per step (None: ``capacity``).
         std_normalize: divide ``R_j - b`` by ``s + 1e-6``.
         keep_zero: keep ``A~ >= 0`` (True, agent tree) or only ``A~ > 0`` (False, math tree).
-        require_tool_call: admit only trajectories with ``info["tool_calls"] >= 1`` (math tree).
+        require_tool_call: admit only trajectories with ``stats.tool_calls >= 1`` (math tree).
         min_replay_size: replay batches smaller than this are dropped (tiny-batch guard; the
             released code uses the number of GPUs).
         seed: seed of the numpy Generator used for sampling (its state is checkpointed).
@@ -259,7 +259,7 @@ class SILReplayBuffer:
         for traj, a, z in zip(trajectories, adv, zeroed):
             if z or not a > 0.0:
                 continue
-            if self.require_tool_call and int(traj.info.get("tool_calls", 0) or 0) < 1:
+            if self.require_tool_call and traj.require_stats("sil_require_tool_call").tool_calls < 1:
                 continue
             stored = Trajectory.from_dict(traj.to_dict())  # snapshot as collected
             self._entries.append(_Entry(stored, float(traj.total_reward), step))

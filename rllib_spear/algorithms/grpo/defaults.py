@@ -1,0 +1,103 @@
+"""The knob tables of the algorithm configs (name -> default), one per builder method."""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+# RLlib wants spaces to build RLModules; tokens are not gym observations, so these are
+# placeholders (the learner never uses RLlib's action distributions).
+PLACEHOLDER_OBS_SPACE = gym.spaces.Box(0, np.iinfo(np.int32).max, (1,), np.int64)
+PLACEHOLDER_ACTION_SPACE = gym.spaces.Discrete(2)
+
+EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (models.default_policy_path)
+
+# training() kwargs owned by the configs (name -> default). Kept in tables so that training(),
+# to_dict() and validate() cannot drift apart. The knobs of the recipe pieces (estimators, reward
+# shapers, filters, SIL) live next to each piece in rllib_spear/recipe and join these in
+# training_defaults().
+GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
+    # sampling shape
+    "group_size": 8,
+    "tasks_per_iteration": 32,
+    # the recipe: which registered pieces run (rllib_spear/recipe)
+    "advantage_estimator": "grpo",  # "grpo" (outcome, 1.1), "spa" (SPADER step-wise peer, 3.3), or registered
+    "reward_shapers": (),  # e.g. ("tool_call_bonus",) (SPEAR 2.1), ("spader_diversity",) (3.2)
+    "reward_fns": (),  # user reward functions fn(task, response, stats) -> float, or registered names
+    # policy loss (1.2 - 1.4, 1.6)
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.2,
+    "dual_clip_c": None,
+    "loss_agg_mode": "token-mean",
+    "loss_mode": "vanilla",
+    "clip_cov_ratio": 2e-4,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 2e-4,
+    "kl_cov_coef": 0.1,
+    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm), 0 = off
+    "entropy_coeff": 0.0,
+    "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
+    "kl_estimator": "k3",
+    "t_norm": None,  # seq-mean-token-sum-norm constant; None = max_response_tokens
+    # Dr.BoT filters (1.5): registered response filters, and the group-std filter
+    "response_filters": (),
+    "group_filter_keep_fraction": None,  # e.g. 0.75; None = keep all groups
+    # optimisation
+    "weight_decay": 0.01,
+    "adam_betas": (0.9, 0.999),
+    "micro_batch_token_budget": 8192,
+    "lr_warmup_steps": 0,
+    "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
+    # torch CPU threads in the learner and env-runner processes. None keeps Ray's setting
+    # (OMP_NUM_THREADS = the actor's num_cpus, usually 1). Sampling and learning alternate, so on
+    # a CPU-only machine each phase can use every core: set it to the core count there.
+    "torch_num_threads": None,
+}
+
+SAMPLING_DEFAULTS: dict[str, Any] = {
+    "engine": "hf",
+    "engine_kwargs": {},
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "max_new_tokens": 128,
+    "stop": [],
+    "max_turns": 4,
+    "max_model_len": 1024,
+    "max_response_tokens": 512,
+    "max_observation_tokens": 256,
+    "observation_template": "chatml",
+}
+
+
+# learners() kwargs owned by this config (docs/design.md "Learner sharding"): how the policy is
+# laid out over the learner ranks and in which precision it computes.
+LEARNER_DEFAULTS: dict[str, Any] = {
+    "sharding": "ddp",  # "ddp": a full replica per learner; "fsdp": FSDP2 fully_shard per block
+    "mixed_precision": None,  # None: compute in the weights' dtype; "bf16": bf16 compute, fp32 master
+    "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
+    "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
+    "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
+}
+
+#: env_runners() kwargs about the engines' hardware (not sampling knobs).
+ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
+    "engine_gpu_memory_gb": None,  # memory of one engine GPU; None = gpu_memory_gb of learners()
+}
+
+SHARDING_STRATEGIES = ("ddp", "fsdp")
+#: What benchmarks/master_weights.py measured for one AdamW step at lr 1e-6 with bf16 weights and
+#: state vs fp32 master weights (quoted by the warning of validate()).
+LOW_PRECISION_MASTER_EFFECT = ("2.1% of the weights change at all and the mean applied step is 0.03x the "
+                               "fp32-master step (lr 1e-5: 15.7%, 0.19x)")
+MIXED_PRECISION = (None, "bf16")
+
+
+def training_defaults() -> dict[str, Any]:
+    """Every ``training()`` knob: this table, SIL's, and the knobs of every registered recipe piece
+    (estimators, reward shapers, filters; a piece registered later adds its own)."""
+    from ...recipe import SIL_DEFAULTS, piece_knobs
+
+    return {**GRPO_TRAINING_DEFAULTS, **SIL_DEFAULTS, **piece_knobs()}

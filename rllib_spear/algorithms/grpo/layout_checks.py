@@ -1,0 +1,68 @@
+"""validate() of the learners' layout (docs/design.md "Learner sharding"): sharding, mixed
+precision, CPU offload, master-weight dtype, and the memory plan when GPU memory is declared.
+``cfg`` is the algorithm config; ``err(message)`` raises naming the knob."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ray.util import log_once
+
+from .defaults import LOW_PRECISION_MASTER_EFFECT, MIXED_PRECISION, SHARDING_STRATEGIES
+
+__all__ = ["check_learner_layout", "check_memory_plan"]
+
+
+def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
+    """sharding / mixed_precision / cpu_offload / model dtype (docs/design.md "Learner sharding")."""
+    if cfg.sharding not in SHARDING_STRATEGIES:
+        err(f"`sharding` must be one of {SHARDING_STRATEGIES} (set it with .learners(sharding=...)), "
+            f"got {cfg.sharding!r}")
+    if cfg.mixed_precision not in MIXED_PRECISION:
+        err(f"`mixed_precision` must be None or 'bf16' (.learners(mixed_precision=...)), got {cfg.mixed_precision!r}")
+    if cfg.sharding == "fsdp" and cfg.num_learners < 1:
+        err("`sharding='fsdp'` runs on remote learner ranks: set .learners(num_learners=N) with N >= 1 "
+            f"(got num_learners={cfg.num_learners})")
+    if cfg.sharding == "fsdp" and cfg.grad_clip is not None and cfg.grad_clip_by != "global_norm":
+        err("`sharding='fsdp'` clips by the global norm over all shards: set .training(grad_clip_by="
+            f"'global_norm') (got {cfg.grad_clip_by!r})")
+    if cfg.cpu_offload and cfg.sharding != "fsdp":
+        err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
+    if cfg.gpu_memory_gb is not None and (not isinstance(cfg.gpu_memory_gb, (int, float))
+                                           or cfg.gpu_memory_gb <= 0):
+        err(f"`gpu_memory_gb` must be a number > 0 or None, got {cfg.gpu_memory_gb!r}")
+    from ...models.dtypes import dtype_name
+
+    try:
+        dtype = dtype_name((cfg.model_config or {}).get("dtype", "float32"))
+    except ValueError:
+        return  # reported by validate() already
+    if cfg.mixed_precision == "bf16" and dtype != "float32":
+        err(f"`mixed_precision='bf16'` keeps fp32 master weights and computes in bf16: set "
+            f"model_config['dtype'] to 'float32' (or drop it), got {dtype!r}")
+    if cfg.mixed_precision is None and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
+        logging.getLogger(__name__).warning(
+            "model_config['dtype']=%r trains %s weights with %s AdamW state: most updates round away "
+            "(benchmarks/master_weights.py, one AdamW step at lr 1e-6: %s). Use "
+            ".learners(mixed_precision='bf16') with float32 master weights instead.",
+            dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
+    check_memory_plan(cfg, err)
+
+def check_memory_plan(cfg: Any, err: Callable[[str], None]) -> None:
+    """With ``gpu_memory_gb`` (or ``engine_gpu_memory_gb``) declared, refuse a config whose memory
+    plan (rllib_spear/planner.py, ``rllib-spear plan``) does not fit, naming the knob to change.
+    Reads the model's config.json only (no weights, no torch); nothing to do when neither is set."""
+    if cfg.gpu_memory_gb is None and cfg.engine_gpu_memory_gb is None:
+        return
+    g = cfg.engine_gpu_memory_gb
+    if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or g <= 0):
+        err(f"`engine_gpu_memory_gb` must be a number > 0 or None, got {g!r}")
+    from ...planner import MEMORY_ERROR, check_fits
+
+    try:
+        msg = check_fits(cfg)
+    except ValueError as e:  # no shape for the model, or a value the planner cannot size
+        msg = (f"{MEMORY_ERROR} cannot check that the config fits gpu_memory_gb / engine_gpu_memory_gb: {e} "
+               "(or drop gpu_memory_gb to skip the check)")
+    if msg:
+        err(msg)
