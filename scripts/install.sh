@@ -28,7 +28,7 @@ else
   "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi
 # bubblewrap isolates model-written code in the code interpreter. Without it the sandbox refuses
-# to run code unless allow_weak_sandbox=True (see rllib_spear/envs/sandbox.py).
+# to run code unless allow_weak_sandbox=True (see rllib_spear/envs/sandbox/__init__.py).
 if ! command -v bwrap >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && SUDO="sudo -n"; }
   if [ "$(id -u)" = 0 ] || [ -n "$SUDO" ]; then

@@ -21,7 +21,7 @@ from fractions import Fraction
 from typing import Any
 
 from rllib_spear.envs.base import StepResult, ToolEnv
-from rllib_spear.envs.parsers import MAX_CALLS_PER_TURN, CodeParser, HermesParser, begin_turn, clip, extract_boxed
+from rllib_spear.envs.parsers import MAX_CALLS_PER_TURN, begin_turn, clip, extract_boxed, get_parser
 from rllib_spear.envs.sandbox import PythonSandbox, SandboxConfig
 
 __all__ = ["CodeMathEnv", "math_answers_match", "CODE_PROMPTS"]
@@ -87,15 +87,14 @@ class CodeMathEnv(ToolEnv):
                  sandbox_config: dict | SandboxConfig | None = None, correct_reward: float = 1.0,
                  wrong_reward: float = -1.0, system_prompt: str | None = None,
                  max_calls_per_turn: int = MAX_CALLS_PER_TURN):
-        if parser == "code":
-            self.parser = CodeParser()
-        elif parser == "hermes":
-            self.parser = HermesParser({"code_interpreter": ("code_interpreter", "code"),
-                                        "python": ("code_interpreter", "code")}, max_calls=max_calls_per_turn)
-        else:
-            raise ValueError(f"unknown parser {parser!r} for code_math (code|hermes)")
+        # any registered parser whose calls run code (rllib_spear.envs.parsers.register_parser)
+        self.parser = get_parser(parser, supported_calls=("code_interpreter",), env_options={
+            "tools": {"code_interpreter": ("code_interpreter", "code"), "python": ("code_interpreter", "code")},
+            "max_calls": max_calls_per_turn})
         self.parser_name = parser
-        self.tag = "interpreter" if parser == "code" else "tool_response"
+        self.tag = self.parser.tag
+        if not system_prompt and parser not in CODE_PROMPTS:
+            raise ValueError(f"parser {parser!r} has no built-in code_math prompt; pass system_prompt in env_config")
         self.max_turns = int(max_turns)
         self.max_obs_chars = int(max_obs_chars)
         self.stateful_default = stateful

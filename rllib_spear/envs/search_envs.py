@@ -42,10 +42,8 @@ from rllib_spear.envs.parsers import (
     MAX_QUERIES_PER_CALL,
     begin_turn,
     clip,
-    HermesParser,
+    get_parser,
     ParsedTurn,
-    SearchR1Parser,
-    SpaderParser,
     parse_json_list_of_strings,
 )
 from rllib_spear.envs.retrieval import format_search_results, get_retriever
@@ -111,15 +109,10 @@ class _SearchEnvBase(ToolEnv):
                  system_prompt: str | None = None, max_queries_per_call: int = MAX_QUERIES_PER_CALL,
                  max_calls_per_turn: int = MAX_CALLS_PER_TURN):
         self.parser_name = parser or self.default_parser
-        if self.parser_name == "search_r1":
-            self.parser = SearchR1Parser()
-        elif self.parser_name == "spader":
-            self.parser = SpaderParser(max_queries=max_queries_per_call)
-        elif self.parser_name == "hermes":
-            self.parser = HermesParser({"search": ("search", "query")}, max_calls=max_calls_per_turn,
-                                       max_queries=max_queries_per_call)
-        else:
-            raise ValueError(f"unknown parser {self.parser_name!r} for a search env (search_r1|spader|hermes)")
+        # any registered parser whose calls are searches (rllib_spear.envs.parsers.register_parser)
+        self.parser = get_parser(self.parser_name, supported_calls=("search",), env_options={
+            "tools": {"search": ("search", "query")}, "max_calls": max_calls_per_turn,
+            "max_queries": max_queries_per_call})
         self.tag = self.parser.tag
         self.top_k = int(top_k)
         self.max_chars = max_chars
@@ -130,6 +123,12 @@ class _SearchEnvBase(ToolEnv):
         self._retriever = retriever
         self._retriever_args = (corpus_path, retriever_url, dict(retriever_kwargs or {}))
         self._system_prompt = system_prompt
+        if not system_prompt:
+            try:
+                self._default_prompt()
+            except KeyError:
+                raise ValueError(f"parser {self.parser_name!r} has no built-in {type(self).__name__} prompt; "
+                                 "pass system_prompt in env_config") from None
         self.done = True
         self._new_episode()
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_spear.envs.base import StepResult, ToolEnv
-from rllib_spear.envs.parsers import ActionParser, check_think_format
+from rllib_spear.envs.parsers import check_think_format, get_parser
 
 __all__ = ["generate_game", "TextGame", "TextGameGym", "GymTextToolEnv", "TextGameEnv", "solve_game",
            "TEXT_GAME_SYSTEM_PROMPT"]
@@ -269,7 +269,7 @@ class GymTextToolEnv(ToolEnv):
 
     def __init__(self, make_gym: Callable[[dict], Any], *, max_turns: int = 12, success_reward: float = 10.0,
                  invalid_action_penalty: float = 0.1, system_prompt: str = TEXT_GAME_SYSTEM_PROMPT,
-                 show_admissible: bool = True, max_obs_chars: int = 2000):
+                 show_admissible: bool = True, max_obs_chars: int = 2000, parser: str = "action"):
         self.make_gym = make_gym
         self.max_turns = max_turns
         self.success_reward = success_reward
@@ -277,7 +277,7 @@ class GymTextToolEnv(ToolEnv):
         self.system_prompt = system_prompt
         self.show_admissible = show_admissible
         self.max_obs_chars = max_obs_chars
-        self.parser = ActionParser()
+        self.parser = get_parser(parser, supported_calls=("action",))  # any registered action parser
         self._env = None
         self._reset_state()
 
