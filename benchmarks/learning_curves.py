@@ -65,7 +65,7 @@ METRICS = {
 
 
 def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args) -> Any:
-    from rllib_spear.models.sft import task_policy_env_config
+    from rllib_spear.coldstart import task_policy_env_config
     from rllib_spear.registration import algorithm_classes
 
     cfg = algorithm_classes()[algo].get_default_config()
@@ -87,7 +87,7 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
              "cost_free_steps": max(args.iterations // 3, 0), "cost_rampup_steps": max(args.iterations // 3, 0),
              # sampling and learning alternate: each may use every core of the machine
              "torch_num_threads": args.cpus}
-    own = cfg._own_training_keys()
+    own = cfg.training_keys()
     train = {k: v for k, v in train.items() if k in own or k in ("lr",)}
     train.update(overrides)
     cfg.training(**train)
@@ -347,7 +347,7 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from rllib_spear.models.rl_module import resolve_model_path
+    from rllib_spear.coldstart import resolve_model_path
 
     # the same cold-start checkpoint for every run of a task (built once here, not per trial)
     args.model_path = resolve_model_path(args.model_path)

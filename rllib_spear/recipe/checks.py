@@ -36,5 +36,5 @@ def check_recipe(cfg: Any, err: ErrorFn) -> None:
     try:
         resolve_reward_fns(_names(cfg, err, "reward_fns"))
     except ValueError as e:
-        err(str(e))
+        err(f"`reward_fns`: {e}")
     validate_sil(cfg, err)

@@ -1,44 +1,24 @@
-"""Self-imitation (SIL) replay buffer of SPEAR (docs/algorithms.md 2.2).
+"""Self-imitation (SIL) replay buffer of SPEAR (docs/algorithms.md 2.2; the options that differ
+from the released trainer are listed in 2.5), on whole :class:`Trajectory` objects.
 
-Behaviour of the released code's ``TrajectoryBufferBatch`` (SPEAR repo,
-``verl-agent/verl/trainer/ppo/ray_trainer_hybrid.py``), on whole :class:`Trajectory` objects.
+Order of operations per training step t (``recipe/self_imitation.py`` drives it)::
 
-Order of operations per training step t (what the algorithm does, as the released trainer does)::
-
-    replay = buffer.sample_replay(t)      # (a) uses the buffer as it was BEFORE this step's batch:
+    replay = buffer.sample_replay(t)      # (a) the buffer as it was BEFORE this step's batch:
                                           #     burst: if triggered -> recalibrate, sample, CLEAR
     ... on-policy update, then SIL update on ``replay`` ...
-    buffer.add_batch(batch, adv, t, ...)  # (b) evict stale entries (t - t_collected > tolerate)
-                                          #     + append this step's group means/stds to the
-                                          #       baseline history and trim it
+    buffer.add_batch(batch, adv, t, ...)  # (b) evict stale entries (t - t_collected > tolerate),
+                                          #     append this step's group means/stds to the
+                                          #     baseline history and trim it
                                           # (c) add this step's candidates (A_i > 0)
 
-(SPEAR does exactly this: ``SPEAR.replay_rows`` is (a), ``SPEAR.after_update`` is (b)+(c).)
-
-Semantics
----------
-* Candidates (step t): trajectories with on-policy advantage ``A_i > 0`` whose loss mask was not
-  zeroed by a filter (``loss_masks_zeroed[i]`` False), and with ``stats.tool_calls >= 1`` when
-  ``require_tool_call``. Each is stored (a copy) with its return ``R_i = traj.total_reward`` as
-  collected (tool bonus of step t included) and the step t.
-* Staleness: ``t_now - t_collected > tolerate_steps`` is evicted (``0 <= tolerate_steps <= 10``,
-  the released code clamps at 10). ``staleness_reference="latest_entry"`` reproduces the released
-  ``remove_old`` exactly: the reference is the step of the newest *stored* entry, not t_now.
-* Baseline history: one record per ``add_batch`` call holding that batch's group means and group
-  stds. Oldest records are dropped while the total number of stored means exceeds
-  ``baseline_buffer_size`` (``baseline_trim="after_append"``, the project's hard cap; the newest
-  record is never dropped). ``"before_append"`` is the released order (trim, then append, so the
-  total can exceed the cap by one batch).
-* p50 recalibration: ``b = median(all stored group means)``, ``s = median(all stored group
-  stds)``; ``A~_j = R_j - b`` or ``(R_j - b) / (s + 1e-6)`` with ``std_normalize``. Kept:
-  ``A~_j >= 0`` (``keep_zero=True``, agent tree) or ``A~_j > 0`` (math tree).
-* Burst trigger (default): ``#{j : R_j > b} > 1.5 * capacity``. Then
-  ``n = min(nearest_lower_power_of_2(#kept), capacity)`` kept entries are sampled uniformly
-  without replacement, and ALL entries are cleared (the baseline history is kept). If
-  ``n < min_replay_size`` the replay batch is empty, but the buffer is cleared all the same
-  (released tiny-batch guard: the trainer calls ``reset_buffer()`` in both cases).
-* Continuous trigger: every call samples ``min(replay_batch_size, #kept)`` recalibrated entries
-  uniformly without replacement; nothing is cleared.
+Candidates need ``A_i > 0``, a loss mask not zeroed by a filter, and ``stats.tool_calls >= 1``
+with ``require_tool_call``; each is stored (a copy) with ``R_i = traj.total_reward`` as
+collected and its step. Recalibration: ``b = median(stored group means)``, ``s = median(stored
+group stds)``, ``A~_j = R_j - b`` (or ``/ (s + 1e-6)`` with ``std_normalize``); kept ``A~_j >= 0``
+(``keep_zero``) or ``> 0``. Burst trigger: ``#{j : R_j > b} > 1.5 * capacity``, then
+``n = min(nearest_lower_power_of_2(#kept), capacity)`` entries are sampled uniformly without
+replacement and ALL entries are cleared (also when ``n < min_replay_size`` empties the replay).
+Continuous trigger: ``min(replay_batch_size, #kept)`` each call, nothing cleared.
 
 Checkpoints: RLlib's new API stack does not save replay buffers in algorithm checkpoints; the
 algorithm must put :meth:`SILReplayBuffer.get_state` into its own ``get_state`` and call
