@@ -69,7 +69,7 @@ class GRPOConfig(AlgorithmConfig):
     def training(self, **kwargs: Any) -> "GRPOConfig":
         """RLlib's ``training()`` plus every knob of ``training_defaults()``: GRPO's, SIL's, and
         those of every registered recipe piece (estimators, reward shapers, filters)."""
-        keys = self._own_training_keys()
+        keys = self.training_keys()
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in keys}
         super().training(**kwargs)
         for k, v in own.items():
@@ -78,7 +78,8 @@ class GRPOConfig(AlgorithmConfig):
         return self
 
     @classmethod
-    def _own_training_keys(cls) -> set[str]:
+    def training_keys(cls) -> set[str]:
+        """The ``training()`` kwargs this library adds to RLlib's (``training_defaults()``)."""
         return set(training_defaults())
 
     def env_runners(self, **kwargs: Any) -> "GRPOConfig":
