@@ -1,12 +1,20 @@
-"""Task loaders: parquet (pyarrow) -> list of task dicts, validated row by row.
+"""Task loaders: parquet (pyarrow), lists of dicts or callables -> list of task dicts, validated
+row by row.
 
-``load_tasks(name_or_path, split="train", kind=None)``:
+``load_tasks(source, split="train", kind=None, *, env=None)``, ``source`` being:
 
 - a default dataset name (``search_qa``, ``multi_answer_search``, ``code_math``, ``text_game``;
   ``textworld`` has no default file, see :func:`rllib_spear.envs.textworld_env.make_textworld_tasks`)
   loads the embedded generated table of that split;
 - a parquet path (or a directory holding ``<split>.parquet``) is loaded and its schema is taken
-  from ``kind`` or inferred from the columns.
+  from ``kind`` or inferred from the columns;
+- a list (or tuple) of task dicts, used for every split;
+- a callable returning such a list: ``source(split)`` if it takes an argument, else ``source()``.
+
+``env`` is the env spec the tasks are for (``config.env``). For an env other than the built-ins
+(a class, an import path, a registered name) the rows are kept as they are (kind ``generic``:
+each row a dict; only the uid is added) unless ``kind`` is given, and a ``source`` that is the env
+itself (no dataset given) is an error that says how to give one.
 
 Schemas (extra columns are kept as they are):
 
@@ -19,6 +27,7 @@ code_math           ``prompt`` str or chat list (last user message), ``answer`` 
                     ``reward_model.ground_truth``) str/number
 text_game           ``seed`` int, optional ``n_rooms``, ``n_objects``, ``goal``
 textworld           ``game_file`` path of a compiled TextWorld game
+generic             any dict (your own environment reads the keys it needs)
 =================== =====================================================================
 
 Every task gets a stable unique ``uid`` string: the ``uid`` (or ``id``) column when present
@@ -133,7 +142,12 @@ def _check_textworld(row: dict, src: str, i: int) -> dict:
     return row
 
 
+def _check_generic(row: dict, src: str, i: int) -> dict:
+    return row
+
+
 CHECKS = {
+    "generic": _check_generic,
     "search_qa": _check_search_qa,
     "multi_answer_search": _check_multi,
     "code_math": _check_math,
@@ -192,9 +206,59 @@ def validate_tasks(rows: list[dict[str, Any]], kind: str, src: str = "<tasks>") 
     return out
 
 
-def load_tasks(name_or_path: str | os.PathLike, split: str = "train", kind: str | None = None) -> list[dict]:
+def _no_dataset(env: Any) -> ValueError:
+    from rllib_spear.envs.registry import env_label
+
+    return ValueError(
+        f"environment {env_label(env)!r} has no default dataset: give its tasks with "
+        ".environment(env, dataset=...), a parquet path (or a directory of <split>.parquet), a list of task "
+        "dicts or a callable returning one")
+
+
+def _env_kind(env: Any) -> str | None:
+    """The task kind of a built-in env spec, "generic" for any other env, None without one."""
+    if env is None:
+        return None
+    from rllib_spear.envs.registry import builtin_env_name
+
+    name = builtin_env_name(env)
+    if name is None:
+        return "generic"
+    return "multi_answer_search" if name.startswith("multi_answer") else name
+
+
+def _call_source(fn, split: str):
+    import inspect
+
+    try:
+        takes_arg = any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+                        for p in inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        takes_arg = False
+    return fn(split) if takes_arg else fn()
+
+
+def load_tasks(source: Any, split: str = "train", kind: str | None = None, *, env: Any = None) -> list[dict]:
     """Load and validate tasks (see module docstring)."""
-    name = str(name_or_path)
+    env_kind = _env_kind(env)
+    if source is env and env is not None and env_kind == "generic":
+        raise _no_dataset(env)
+    if callable(source) and not isinstance(source, (str, os.PathLike)):
+        if isinstance(source, type):
+            raise _no_dataset(source)
+        name = getattr(source, "__qualname__", None) or type(source).__name__
+        rows = _call_source(source, split)
+        if not isinstance(rows, (list, tuple)):
+            raise ValueError(f"task source {name}() must return a list of task dicts, got {type(rows).__name__}")
+        return validate_tasks(list(rows), kind or env_kind or "generic", f"{name}()")
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise ValueError("the task list is empty")
+        return validate_tasks(list(source), kind or env_kind or "generic", "<task list>")
+    if not isinstance(source, (str, os.PathLike)):
+        raise ValueError(f"tasks must be a dataset name, a parquet path, a list of task dicts or a callable "
+                         f"returning one, got {type(source).__name__}")
+    name = str(source)
     if name in DEFAULT_DATASETS and not os.path.exists(name):
         from rllib_spear.data import default_paths
 
@@ -207,6 +271,8 @@ def load_tasks(name_or_path: str | os.PathLike, split: str = "train", kind: str 
         if path.is_dir():
             path = path / f"{split}.parquet"
         if not path.exists():
+            if env is not None and source is env:
+                raise _no_dataset(env)
             raise ValueError(f"{path}: no such file (and {name!r} is not one of {sorted(DEFAULT_DATASETS)})")
     import pyarrow.parquet as pq
 
@@ -215,5 +281,5 @@ def load_tasks(name_or_path: str | os.PathLike, split: str = "train", kind: str 
         table = pq.read_table(src)
     except Exception as e:  # noqa: BLE001
         raise ValueError(f"{src}: cannot read parquet: {e}") from e
-    kind = kind or _infer_kind(table.column_names, src)
+    kind = kind or (env_kind if env_kind == "generic" else None) or _infer_kind(table.column_names, src)
     return validate_tasks(table.to_pylist(), kind, src)
