@@ -29,6 +29,14 @@ def __getattr__(name: str):
         "SPEAR": ("algorithms.spear.spear", "SPEAR"),
         "SPADERConfig": ("algorithms.spader.config", "SPADERConfig"),
         "SPADER": ("algorithms.spader.spader", "SPADER"),
+        # your own tool environments (rllib_spear/envs/registry.py)
+        "register_env": ("envs.registry", "register_env"),
+        "FunctionToolEnv": ("envs.function_tools", "FunctionToolEnv"),
+        # the embedded cold starts (rllib_spear.coldstart)
+        "resolve_model_path": ("coldstart", "resolve_model_path"),
+        "default_policy_path": ("coldstart", "default_policy_path"),
+        "task_policy_path": ("coldstart", "task_policy_path"),
+        "task_policy_env_config": ("coldstart", "task_policy_env_config"),
     }
     if name in lazy:
         import importlib

@@ -185,6 +185,14 @@ class EpisodeStats:
             return False
         return True
 
+    def keys(self) -> list[str]:
+        """The names of the stats the environment reported (fields not None, then ``extra``)."""
+        fields = [f for f in self.__dataclass_fields__ if f != "extra" and getattr(self, f) is not None]
+        return fields + [k for k in self.extra if k not in fields]
+
+    def __iter__(self):
+        return iter(self.keys())
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -19,7 +19,7 @@ from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ..core.trajectory import Trajectory
-from ..models.rl_module import resolve_model_path
+from ..coldstart.lookup import resolve_model_path
 from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
 from .rollout import MultiTurnRollout, RolloutConfig
@@ -57,7 +57,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def _build(self) -> None:
         from transformers import AutoTokenizer
 
-        from ..envs import make_env
+        from ..envs import resolve_env
         from .engines import make_engine
 
         cfg = self.config
@@ -77,17 +77,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop), seed=seed,
         )
         sampling.validate()
-        env_name, env_config = cfg.env, dict(cfg.env_config or {})
-        # One turn limit for the loop and the environment (envs keep their own counters).
-        if "max_turns" not in env_config:
-            try:
-                make_env(env_name, **env_config, max_turns=cfg.max_turns)
-                env_config["max_turns"] = cfg.max_turns
-            except (TypeError, ValueError):
-                pass
+        # The env spec (name, class or import path) is resolved here, in the runner's process
+        # (rllib_spear/envs/registry.py says how each form reaches a remote runner).
+        env, env_config = resolve_env(cfg.env), dict(cfg.env_config or {})
+        # One turn limit for the loop and the environment (envs keep their own counters): a class
+        # that takes max_turns gets it; a factory reads what it wants from env_config.
+        if "max_turns" not in env_config and env.accepts("max_turns"):
+            env_config["max_turns"] = cfg.max_turns
+        env.make(env_config)  # fail here, naming the env, rather than in the first episode
         self._rollout = MultiTurnRollout(
             engine=self.engine, tokenizer=self.tokenizer,
-            env_factory=lambda: make_env(env_name, **env_config),
+            env_factory=lambda: env.make(env_config),
             sampling=sampling,
             config=RolloutConfig(
                 max_turns=cfg.max_turns, max_model_len=cfg.max_model_len,

@@ -20,6 +20,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
+from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.base import StepResult, ToolEnv
 from rllib_spear.envs.parsers import MAX_CALLS_PER_TURN, begin_turn, clip, extract_boxed, get_parser
 from rllib_spear.envs.sandbox import PythonSandbox, SandboxConfig
@@ -211,8 +212,8 @@ class CodeMathEnv(ToolEnv):
         info.update(correct=self.correct, answer=answer)
         return StepResult(None, self.outcome, True, info)
 
-    def episode_stats(self) -> dict[str, Any]:
-        return {
+    def episode_stats(self) -> EpisodeStats:
+        return EpisodeStats.coerce({
             "tool_calls": self.tool_calls,
             "queries_per_step": list(self.queries_per_step),
             "success": self.correct,
@@ -226,4 +227,4 @@ class CodeMathEnv(ToolEnv):
             # which isolation ran this episode's code; "weak" = not bubblewrap (allow_weak_sandbox)
             "sandbox_backend": self.sandbox.backend,
             "sandbox_weak": self.sandbox.backend != "bwrap",
-        }
+        }, type(self).__name__)

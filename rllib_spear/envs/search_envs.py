@@ -36,6 +36,7 @@ from rllib_spear.core.answers import (
     set_precision_recall_f1,
     token_f1,
 )
+from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.base import StepResult, ToolEnv
 from rllib_spear.envs.parsers import (
     MAX_CALLS_PER_TURN,
@@ -287,10 +288,10 @@ class SearchQAEnv(_SearchEnvBase):
         info.update(em=self.em, f1=self.f1)
         return self.em if self.reward_kind == "em" else self.f1
 
-    def episode_stats(self) -> dict[str, Any]:
+    def episode_stats(self) -> EpisodeStats:
         s = self._base_stats()
         s.update(success=self.em == 1.0, em=self.em, f1=self.f1, answer=self.answer)
-        return s
+        return EpisodeStats.coerce(s, type(self).__name__)
 
 
 class MultiAnswerSearchEnv(_SearchEnvBase):
@@ -357,10 +358,10 @@ class MultiAnswerSearchEnv(_SearchEnvBase):
             return float(self.format_error_reward)
         return self.final_weight * self.f1
 
-    def episode_stats(self) -> dict[str, Any]:
+    def episode_stats(self) -> EpisodeStats:
         s = self._base_stats()
         s["format_ok"] = not self.format_errors and self.predictions is not None
         s.update(success=self.f1 == 1.0, precision=self.precision, recall=self.recall, f1=self.f1,
                  found_entities_per_step=[list(x) for x in self.found_per_step],
                  num_gold_entities=len(self.gold), predictions=self.predictions)
-        return s
+        return EpisodeStats.coerce(s, type(self).__name__)

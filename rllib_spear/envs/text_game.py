@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from rllib_spear.envs.base import StepResult, ToolEnv
+from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.parsers import check_think_format, get_parser
 
 __all__ = ["generate_game", "TextGame", "TextGameGym", "GymTextToolEnv", "TextGameEnv", "solve_game",
@@ -366,8 +367,8 @@ class GymTextToolEnv(ToolEnv):
             return StepResult(None, reward, True, info)
         return StepResult(f"<observation>{self._render(text)}</observation>", reward, False, info)
 
-    def episode_stats(self) -> dict[str, Any]:
-        return {
+    def episode_stats(self) -> EpisodeStats:
+        return EpisodeStats.coerce({
             "tool_calls": self.turns,
             "queries_per_step": list(self.queries_per_step),
             "success": self.won,
@@ -376,7 +377,7 @@ class GymTextToolEnv(ToolEnv):
             "outcome_reward": self.outcome,
             "invalid_actions": self.invalid_actions,
             "turns": self.turns,
-        }
+        }, type(self).__name__)
 
 
 class TextGameEnv(GymTextToolEnv):

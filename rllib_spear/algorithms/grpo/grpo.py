@@ -182,7 +182,8 @@ class GRPO(Algorithm):
         from ...envs import load_tasks
         from ...metrics import task_metrics
 
-        tasks = load_tasks(self.config.eval_dataset or self.config.dataset or self.config.env, split)
+        tasks = load_tasks(self.config.eval_dataset or self.config.dataset or self.config.env, split,
+                           env=self.config.env)
         if num_tasks:
             tasks = tasks[:num_tasks]
         trajs, stats = self.sample(tasks, group_size=group_size)
