@@ -1,9 +1,12 @@
 """Trained tokens/s of the GRPOTorchLearner update vs a bare torch loop on the same tokens.
 
 Both sides: the tiny model (``rllib_spear.models.factory.tiny_model_path()``), the same batch of
-~32 synthetic trajectories of ~200 tokens, the same token-budget micro-batches, one AdamW step
-with global-norm clipping per update. The learner side goes through RLlib's ``Learner.update``
-(batch conversion, Dr.BoT loss with metrics, gradient clipping, metrics reduction).
+~32 synthetic trajectories of ~200 tokens, the same token-budget micro-batches
+(``algorithms.grpo.microbatching``), the same log-probs (``models.logprobs.token_logprobs``) and
+Dr.BoT loss (``core.losses.policy_loss``), one AdamW step with global-norm clipping per update. The
+bare side calls those library functions in a plain torch loop; the learner side goes through
+RLlib's ``Learner.update`` (batch conversion, metrics logging, gradient clipping, metrics
+reduction), so the ratio is the cost of the learner machinery around the same math.
 
     python benchmarks/learner_throughput.py [--trajs 32] [--tokens 200] [--budget 2048] [--iters 5]
 """
@@ -38,7 +41,7 @@ def synthetic_trajectories(n, length, vocab, seed=0, group_size=8):
 
 
 def learner_batch(trajs, t_norm):
-    from rllib_spear.algorithms.grpo.batching import LearnerRow, build_learner_batches
+    from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
     from rllib_spear.core.advantages import group_advantages
 
     adv = group_advantages(np.array([t.total_reward for t in trajs]), [t.uid for t in trajs],
@@ -65,13 +68,18 @@ def bench_learner(cfg, batch, iters):
 
 
 def bench_bare(model, batch, cfg, iters):
-    from rllib_spear.algorithms.grpo.learner import _slice_rows, _token_budget_microbatches
+    from rllib_spear.algorithms.grpo.microbatching import slice_rows, token_budget_microbatches
+    from rllib_spear.core.losses import LossNormalizer, policy_loss
+    from rllib_spear.models.logprobs import token_logprobs
 
     data = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
-    parts = _token_budget_microbatches(data["attention_mask"], int(cfg.micro_batch_token_budget))
+    parts = token_budget_microbatches(data["attention_mask"], int(cfg.micro_batch_token_budget))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
-    denom = float(cfg.loss_t_norm) * float((data["loss_mask"].sum(1) > 0).sum())
+    loss_cfg = cfg.policy_loss_config()
+    # the global normalizers the driver wrote on every row (one mini-batch, no replay rows)
+    norm = LossNormalizer(float(data["norm_num_tokens"][0]), float(data["norm_num_seqs"][0]),
+                          float(data["t_norm"][0]))
     tokens = int(data["attention_mask"].sum())
     model.train()
     times = []
@@ -79,13 +87,11 @@ def bench_bare(model, batch, cfg, iters):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         for part in parts:
-            sub = _slice_rows(data, part)
-            ids, am = sub["input_ids"].long(), sub["attention_mask"].long()
-            logits = model(input_ids=ids, attention_mask=am, use_cache=False).logits[:, :-1].float()
-            lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-            m = sub["loss_mask"][:, 1:].float()
-            ratio = torch.exp(lp - sub["old_logp"][:, 1:].float())
-            loss = (-(sub["advantages"][:, 1:].float() * ratio) * m).sum() / denom
+            sub = slice_rows(data, part)
+            lp = token_logprobs(model, sub["input_ids"].long(), sub["attention_mask"].long(),
+                                temperature=float(cfg.temperature))
+            loss, _ = policy_loss(lp, sub["old_logp"].float(), sub["advantages"].float(),
+                                  sub["loss_mask"].float(), config=loss_cfg, normalizer=norm)
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

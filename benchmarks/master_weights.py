@@ -25,6 +25,7 @@ import torch
 def one_step(path: str, *, lr: float, weights: torch.dtype, autocast: bool, ids, mask, adv):
     from transformers import AutoModelForCausalLM
 
+    from rllib_spear.core.losses import masked_mean
     from rllib_spear.models.logprobs import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights)
@@ -33,7 +34,7 @@ def one_step(path: str, *, lr: float, weights: torch.dtype, autocast: bool, ids,
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with ctx:
         logp = token_logprobs(model, ids, mask)
-    loss = -(logp.float() * adv).sum() / mask.sum()
+    loss = masked_mean(-logp.float() * adv, mask)  # a policy-gradient surrogate, token mean
     loss.backward()
     opt.step()
     return {k: (v.detach().float() - before[k].float()) for k, v in model.named_parameters()}, before

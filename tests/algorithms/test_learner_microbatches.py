@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from rllib_spear.algorithms.grpo.learner import _entropy_sample_part, _token_budget_microbatches
+from rllib_spear.algorithms.grpo.microbatching import entropy_sample_part as _entropy_sample_part
+from rllib_spear.algorithms.grpo.microbatching import token_budget_microbatches as _token_budget_microbatches
 
 
 def _mask(lengths: list[int]) -> torch.Tensor:

@@ -4,7 +4,7 @@ The driver sends one padded batch per learner (whole groups; advantages, masks a
 loss normalizers already computed). Here:
 
 * rows are split into mini-batches (``minibatch_id`` column; one optimizer step each), and each
-  mini-batch into token-budget micro-batches whose gradients are accumulated;
+  mini-batch into token-budget micro-batches (``microbatching``) whose gradients are accumulated;
 * every loss term uses the normalizers of the *global* mini-batch (all micro-batches of all
   learners), so the gradient does not depend on the micro-batch split or the learner count;
 * under DDP (``num_learners > 1``) the all-reduce runs once per optimizer step (``no_sync`` on
@@ -13,15 +13,21 @@ loss normalizers already computed). Here:
   own loss config (Clip-Cov replay parameters) and normalizer, and replay rows are weighted by
   ``loss_weight`` (w_SIL).
 
-Sharding (``learners(sharding=...)``, docs/design.md "Learner sharding"): under "ddp" RLlib wraps
-the module in DDP; under "fsdp" ``_make_module`` applies FSDP2 (``models.sharding``) before the
-optimizer is built, so AdamW holds the float32 master shards and their state. FSDP runs collectives
-in every forward and backward, so every rank runs the same number of micro-batches (ranks with
-fewer rows run fully-masked dummy rows) and gradients are reduce-scattered after every micro-batch
-(accumulating sharded gradients instead of a full unsharded copy). ``mixed_precision="bf16"``
-computes in bf16: FSDP's MixedPrecisionPolicy when sharded, ``torch.autocast`` otherwise.
-Checkpoints under FSDP are torch.distributed.checkpoint folders written by every rank
-(``save_sharded_state``), loadable with any number of ranks (``set_state``).
+The update loop is RLlib's torch update step (``_uncompiled_update``) made to accumulate: per
+micro-batch it runs the public hooks ``compute_losses`` (-> ``compute_loss_for_module``) and
+``compute_gradients`` (here: backward into the accumulated ``.grad``), and per mini-batch
+``postprocess_gradients`` (-> ``postprocess_gradients_for_module``: grad_norm, clipping) and
+``apply_gradients`` (the optimizer step). docs/design.md "RLlib private names we still use"
+lists the private RLlib methods this learner still overrides, and why.
+
+Sharding (``learners(sharding=...)``, docs/design.md "Learner sharding"; ``learner_setup``):
+under "ddp" RLlib wraps the module in DDP; under "fsdp" the module is FSDP2-sharded before the
+optimizer is built. FSDP runs collectives in every forward and backward, so every rank runs the
+same number of micro-batches (ranks with fewer rows run fully-masked dummy rows) and gradients
+are reduce-scattered after every micro-batch. ``mixed_precision="bf16"`` computes in bf16:
+FSDP's MixedPrecisionPolicy when sharded, ``torch.autocast`` otherwise. Checkpoints
+(``learner_state``): under FSDP torch.distributed.checkpoint folders written by every rank,
+loadable with any number of ranks.
 
 Entropy: the full-vocabulary entropy costs an extra pass over the logits of every head chunk
 (plus its recomputation in the checkpointed backward). The learner asks the module for it
@@ -36,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -47,15 +52,13 @@ from ray.rllib.utils.annotations import override
 from ...core.losses import METRIC_REDUCE, LossNormalizer, policy_loss
 from ...models import sharding
 from ...models.threads import apply_torch_threads
+from .learner_setup import ModuleLayoutMixin
+from .learner_state import LEARNER_STATE_KEY, SHARDED_STATE_DIR, LearnerStateMixin
+from .microbatching import dummy_rows, entropy_sample_part, slice_rows, token_budget_microbatches, total_grad_norm
 
 logger = logging.getLogger(__name__)
 
-#: Learner-state key of this learner's own state (RNG streams, the sharded-checkpoint marker).
-LEARNER_STATE_KEY = "rllib_spear_learner"
-#: Folder of the torch.distributed.checkpoint shards, inside the checkpoint's learner folder.
-SHARDED_STATE_DIR = "sharded_state"
-
-__all__ = ["GRPOTorchLearner", "BATCH_COLUMNS"]
+__all__ = ["GRPOTorchLearner", "BATCH_COLUMNS", "LEARNER_STATE_KEY", "SHARDED_STATE_DIR"]
 
 #: Columns of the learner batch (all [B, T] unless noted [B]).
 BATCH_COLUMNS = (
@@ -66,124 +69,25 @@ BATCH_COLUMNS = (
 )
 
 
-class GRPOTorchLearner(TorchLearner):
+class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
     """TorchLearner with token-budget micro-batching and core.policy_loss."""
 
     @override(TorchLearner)
     def build(self) -> None:
         apply_torch_threads(getattr(self.config, "torch_num_threads", None))
         self._ref_model = None
-        self._restore_dir = None
         super().build()
         seed = int(getattr(self.config, "seed", 0) or 0)
         # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.
         self._cov_generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
         # Which micro-batch logs the entropy metric (its own stream: Clip-Cov draws stay as they are).
         self._entropy_generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
-        self._first_minibatch = False
-
-    @property
-    def is_sharded(self) -> bool:
-        """FSDP2 layout (learners(sharding="fsdp"))."""
-        return getattr(self.config, "sharding", "ddp") == "fsdp"
-
-    @override(TorchLearner)
-    def _make_module(self):
-        config = self.config
-        if self.is_sharded and self._device is not None and self._device.type == "cuda":
-            torch.cuda.set_device(self._device)  # FSDP's default mesh uses the current device
-        if self.is_sharded and _rank() != 0:
-            from ...models.rl_module import empty_weights
-
-            with empty_weights():  # rank 0 reads the weights; the others get their shards from it
-                module = super()._make_module()
-        else:
-            module = super()._make_module()
-        for mid in module.keys():
-            rlm = module[mid]
-            hf = _hf_model_of(rlm)
-            self._apply_activation_checkpointing(rlm, hf)
-            if float(getattr(config, "kl_coeff", 0.0) or 0.0) > 0 and self._ref_model is None:
-                # KL to a frozen reference (SPADER option): a copy of the initial policy,
-                # learner-only, taken before sharding (and sharded like the policy).
-                import copy
-
-                from ...models.logprobs import unwrap_causal_lm
-
-                self._ref_model = copy.deepcopy(unwrap_causal_lm(hf)).eval()
-                self._ref_model.requires_grad_(False)
-                if self.is_sharded:
-                    self._shard_from_rank0(self._ref_model)
-            if self.is_sharded:
-                import torch.distributed as dist
-
-                if not dist.is_initialized():
-                    raise RuntimeError("sharding='fsdp' needs the learners' process group: use "
-                                       ".learners(num_learners=N) with N >= 1 (remote learners)")
-                self._shard_from_rank0(hf)
-                rlm.compute_device = self._device
-        return module
-
-    @override(TorchLearner)
-    def _map_module_to_device(self, module) -> None:
-        # FSDP moves each rank's shards to the mesh's device as it shards (and keeps them in CPU
-        # memory under cpu_offload): moving the whole model to the GPU first would need a full
-        # replica's memory on every rank, which is what sharding is for.
-        if not self.is_sharded:
-            super()._map_module_to_device(module)
-
-    def _shard_from_rank0(self, model) -> None:
-        """FSDP2-shard ``model`` and fill every rank's shards from rank 0's loaded weights."""
-        full = dict(model.state_dict()) if _rank() == 0 else None  # CPU tensors, no copy
-        sharding.shard_causal_lm(model, mixed_precision=self.config.mixed_precision,
-                                 cpu_offload=bool(self.config.cpu_offload))
-        sharding.load_full_state_from_rank0(model, full, self._device)
-
-    def _apply_activation_checkpointing(self, rlm, hf) -> None:
-        """learners(activation_checkpointing=True/False) overrides model_config's switch."""
-        want = getattr(self.config, "activation_checkpointing", None)
-        if want is None or not hasattr(hf, "gradient_checkpointing_enable"):
-            return
-        from ...models.logprobs import unwrap_causal_lm
-
-        lm = unwrap_causal_lm(hf)
-        if want:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            lm.config.use_cache = False
-            if hf is not lm and hasattr(hf, "enable_input_require_grads"):
-                hf.enable_input_require_grads()  # LoRA: frozen embeddings, checkpointed blocks
-        elif getattr(lm, "is_gradient_checkpointing", False):
-            lm.gradient_checkpointing_disable()
-
-    @override(TorchLearner)
-    def _make_modules_ddp_if_necessary(self) -> None:
-        if not self.is_sharded:  # FSDP shards instead of replicating
-            super()._make_modules_ddp_if_necessary()
-
-    def _compute_context(self):
-        """bf16 autocast for mixed precision on a replicated (DDP / single) learner; FSDP casts
-        the gathered parameters itself (MixedPrecisionPolicy)."""
-        if getattr(self.config, "mixed_precision", None) == "bf16" and not self.is_sharded:
-            return torch.autocast(device_type=self._device.type if self._device is not None else "cpu",
-                                  dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _max_over_ranks(self, n: int) -> int:
-        """max(n) over the learner ranks (FSDP: every rank must run as many forwards)."""
-        import torch.distributed as dist
-
-        if not (self.is_sharded and dist.is_initialized()) or dist.get_world_size() == 1:
-            return n
-        t = torch.tensor([n], dtype=torch.long,
-                         device=self._device if dist.get_backend() == "nccl" else "cpu")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
     def configure_optimizers_for_module(self, module_id, config=None) -> None:
         config = config or self.config
-        module = self._module[module_id]
+        module = self.module[module_id]
         params = [p for p in self.get_parameters(module) if p.requires_grad]
         optimizer = torch.optim.AdamW(
             params, lr=1.0, betas=tuple(config.adam_betas), weight_decay=config.weight_decay
@@ -244,15 +148,16 @@ class GRPOTorchLearner(TorchLearner):
                 # a "_max" metric is a maximum over the update, not a mean of per-batch maxima
                 reduce = METRIC_REDUCE.get(k, "mean")
                 self.metrics.log_value((module_id, prefix + k), float(v), reduce=reduce, window=1000)
-            # Engine-vs-trainer mismatch: logp_new before any optimizer step equals the trainer's
-            # logp_old, so measure it on the first mini-batch of an update.
-            if not replay and self._first_minibatch:
-                m = take(batch["loss_mask"]) > 0
-                if bool(m.any()):
-                    diff = (take(logp).detach() - take(batch["engine_logp"])).abs()[m]
-                    self.metrics.log_value((module_id, "logp_mismatch_mean"), float(diff.mean()), window=1000)
-                    self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
         return total
+
+    def _log_engine_mismatch(self, module_id, batch: dict, fwd_out: dict) -> None:
+        """|logp_new - engine_logp| over the on-policy loss tokens. Call it on the first
+        mini-batch of an update: before any optimizer step logp_new equals the trainer's logp_old."""
+        m = (batch["loss_mask"] > 0) & ~batch["is_replay"].bool()[:, None]
+        if bool(m.any()):
+            diff = (fwd_out["logp"].detach() - batch["engine_logp"]).abs()[m]
+            self.metrics.log_value((module_id, "logp_mismatch_mean"), float(diff.mean()), window=1000)
+            self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
 
     def _recompute_old_logp(self, module, data: dict, budget: int) -> torch.Tensor:
         """logp_old of the on-policy rows under the current weights (no grad), micro-batched like
@@ -261,21 +166,17 @@ class GRPOTorchLearner(TorchLearner):
         policy that generated them."""
         out = data["old_logp"].clone()
         on_policy = torch.nonzero(data["is_replay"] == 0).flatten()
-        parts = [on_policy[p] for p in _token_budget_microbatches(data["attention_mask"][on_policy], budget)]
+        parts = [on_policy[p] for p in token_budget_microbatches(data["attention_mask"][on_policy], budget)]
         # FSDP: every rank runs the same number of forwards (the others score a dummy row).
         parts = parts + [None] * (self._max_over_ranks(len(parts)) - len(parts))
         with torch.no_grad(), self._compute_context():
             for part in parts:
-                if part is None:
-                    sub = _dummy_rows(data, None)
-                    sub["_need_entropy"] = False
-                    module.forward_train(sub)
-                    continue
-                sub = _slice_rows(data, part)
+                sub = dummy_rows(data) if part is None else slice_rows(data, part)
                 sub["_need_entropy"] = False
-                logp = module.forward_train(sub)["logp"].detach().float()
-                T = logp.shape[1]
-                out[part, :T] = logp * sub["loss_mask"]
+                logp = module.forward_train(sub)["logp"]
+                if part is not None:
+                    logp = logp.detach().float()
+                    out[part, :logp.shape[1]] = logp * sub["loss_mask"]
         return out
 
     # ------------------------------------------------------------------ update
@@ -288,10 +189,6 @@ class GRPOTorchLearner(TorchLearner):
         mb_ids = data["minibatch_id"].long()
         num_minibatches = int(data["num_minibatches"][0]) if len(mb_ids) else 0
         last_loss = torch.zeros(())
-        # DDP averages gradients over learners, while each learner's loss is already its share
-        # of the global-batch loss (global normalizers): scale back so the sum is the gradient.
-        # (FSDP's reduce-scatter averages the same way.)
-        ddp_scale = float(self.config.num_learners) if self.config.num_learners > 1 else 1.0
         loss_cfg = config.policy_loss_config()
         if getattr(config, "recompute_old_logprobs", False) or loss_cfg.tis_cap:
             # Trainer-side logp_old (1.6): the ratio is taken against the trainer's numerics and
@@ -304,47 +201,35 @@ class GRPOTorchLearner(TorchLearner):
         entropy_always = float(getattr(config, "entropy_coeff", 0.0) or 0.0) > 0
         replicated_multi = self.config.num_learners > 1 and not self.is_sharded
         for mb in range(num_minibatches):
-            self._first_minibatch = mb == 0
             rows = torch.nonzero(mb_ids == mb).flatten()
-            micro = _token_budget_microbatches(data["attention_mask"][rows], budget)
+            micro = token_budget_microbatches(data["attention_mask"][rows], budget)
             # A learner without rows of this mini-batch joins the collectives with dummy rows;
             # under FSDP every forward is a collective, so every rank runs as many micro-batches.
             n_micro = self._max_over_ranks(max(len(micro), 1))
             micro = micro + [None] * (n_micro - len(micro))
-            entropy_part = _entropy_sample_part(data["attention_mask"][rows], micro,
-                                                self._entropy_generator) if mb == 0 else -1
-            for optim in self._optimizer_parameters:
+            entropy_part = entropy_sample_part(data["attention_mask"][rows], micro,
+                                               self._entropy_generator) if mb == 0 else -1
+            for optim in self._optimizers():
                 optim.zero_grad(set_to_none=True)
             for i, part in enumerate(micro):
                 sync = i == len(micro) - 1
-                ctx = contextlib.nullcontext()
-                if replicated_multi and not sync:
-                    ctx = module.no_sync()  # DDP: one all-reduce per optimizer step
+                # DDP: one all-reduce per optimizer step
+                ctx = module.no_sync() if replicated_multi and not sync else contextlib.nullcontext()
                 with ctx:
-                    if part is None:
-                        sub = _dummy_rows(data, None)
-                    else:
-                        sub = _slice_rows(data, rows[part])
+                    sub = dummy_rows(data) if part is None else slice_rows(data, rows[part])
                     sub["_need_entropy"] = entropy_always or i == entropy_part
                     with self._compute_context():
                         fwd_out = module.forward_train(sub)
                     fwd_out = {k: v.float() for k, v in fwd_out.items()}
-                    loss = self.compute_loss_for_module(
-                        module_id=module_id, config=config, batch=sub, fwd_out=fwd_out)
+                    losses = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: sub})
                     if part is None:
-                        loss = loss * 0.0
-                    (loss * ddp_scale).backward()
+                        losses = {mid: loss * 0.0 for mid, loss in losses.items()}
+                    elif mb == 0:
+                        self._log_engine_mismatch(module_id, sub, fwd_out)
+                    grads = self.compute_gradients(losses)
                     trained_tokens += int(sub["attention_mask"].sum()) if part is not None else 0
-                    last_loss = loss.detach()
-            if self.is_sharded:
-                self._clip_and_step(module_id, config)
-                continue
-            grads = {pid: p.grad for pid, p in self._params.items() if p.grad is not None}
-            grad_norm = _global_norm(grads.values())
-            self.metrics.log_value((module_id, "grad_norm"), grad_norm, window=1000)
-            post = self.postprocess_gradients(grads)
-            self.apply_gradients(post)
-        self._first_minibatch = False
+                    last_loss = losses[module_id].detach()
+            self.apply_gradients(self.postprocess_gradients(grads))
         if num_minibatches:
             # This rank's parameter / gradient / optimizer-state bytes at the last step (shards
             # only under FSDP): what benchmarks/learner_memory.py and the memory planner compare.
@@ -354,235 +239,55 @@ class GRPOTorchLearner(TorchLearner):
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
         return fwd_out, {module_id: last_loss}, {}
 
+    # ------------------------------------------------------------------ gradients
+    @override(TorchLearner)
+    def compute_gradients(self, loss_per_module, **kwargs) -> dict:
+        """Backward of one micro-batch's loss into the accumulated ``.grad`` (the update loop
+        zeroes the gradients once per mini-batch, not here), scaled by the learner count: DDP
+        and FSDP average gradients over learners, while each learner's loss is already its share
+        of the global-batch loss (global normalizers). Returns ``{param: accumulated grad}``."""
+        losses = list(loss_per_module.values())
+        total = losses[0]
+        for loss in losses[1:]:
+            total = total + loss
+        n = self.config.num_learners
+        (total * (float(n) if n > 1 else 1.0)).backward()
+        return {self.get_param_ref(p): p.grad for optim in self._optimizers()
+                for group in optim.param_groups for p in group["params"] if p.grad is not None}
 
-    def _clip_and_step(self, module_id, config) -> None:
-        """FSDP: global-norm clip over every rank's shards, then the optimizer step (RLlib's
-        clip and finite checks work on whole tensors, not on DTensor shards)."""
-        params = [p for p in self._params.values() if p.grad is not None]
-        norm = sharding.global_grad_norm(p.grad for p in params)
+    @override(TorchLearner)
+    def postprocess_gradients_for_module(self, *, module_id, config=None, module_gradients_dict) -> dict:
+        """Log ``grad_norm`` (before clipping), then clip. FSDP: the norm over every rank's shards
+        and global-norm clipping of the shards (RLlib's clip and finite checks work on whole
+        tensors, not on DTensor shards); a non-finite norm returns no gradients, and
+        :meth:`apply_gradients` then skips the step (the same norm on every rank: all skip)."""
+        config = config or self.config.get_config_for_module(module_id)
+        if not self.is_sharded:
+            self.metrics.log_value((module_id, "grad_norm"), total_grad_norm(module_gradients_dict.values()),
+                                   window=1000)
+            return super().postprocess_gradients_for_module(
+                module_id=module_id, config=config, module_gradients_dict=module_gradients_dict)
+        norm = sharding.global_grad_norm(module_gradients_dict.values())
         grad_norm = float(norm)
         self.metrics.log_value((module_id, "grad_norm"), grad_norm, window=1000)
-        if not np.isfinite(grad_norm):  # the same global norm on every rank: all skip together
+        if not np.isfinite(grad_norm):
             logger.warning("grad_norm is %s: skipping this optimizer step", grad_norm)
-            for optim in self._optimizer_parameters:
-                optim.zero_grad(set_to_none=True)
-            return
+            return {}
         clip = getattr(config, "grad_clip", None)
         if clip is not None and getattr(config, "grad_clip_by", "global_norm") == "global_norm":
-            sharding.clip_grads_(params, float(clip), norm)
+            sharding.clip_grads_(list(module_gradients_dict), float(clip), norm)  # keys: the params
         elif clip is not None:
             raise ValueError("sharding='fsdp' supports grad_clip_by='global_norm' only")
-        for optim in self._optimizer_parameters:
-            optim.step()
+        return module_gradients_dict
 
-    def state_bytes(self) -> dict[str, int]:
-        """Bytes this rank stores for parameters, gradients and optimizer state (a DTensor counts
-        its local shard; the optimizer's scalar ``step`` counters are included)."""
-        params = [p for mid in self.module.keys() for p in self.module[mid].parameters()]
-        opt = [t for optim in self._optimizer_parameters for st in optim.state.values()
-               for t in st.values() if isinstance(t, torch.Tensor)]
-        return {"param_bytes": sharding.local_bytes(params),
-                "grad_bytes": sharding.local_bytes(p.grad for p in params),
-                "optimizer_bytes": sharding.local_bytes(opt)}
-
-    # ------------------------------------------------------------------ weights and state
-    def engine_state(self) -> dict | None:
-        """The inference weights for the engines, with the weights version (every rank must call
-        this under FSDP: the shards are gathered one tensor at a time; rank 0 returns
-        ``{"rl_module": {module_id: HF state dict}, WEIGHTS_SEQ_NO: n}``, the others None)."""
-        from ray.rllib.core import COMPONENT_RL_MODULE
-        from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
-
+    @override(TorchLearner)
+    def apply_gradients(self, gradients_dict) -> None:
+        """RLlib's step when replicated. FSDP: step every optimizer on its shards' gradients, or,
+        when :meth:`postprocess_gradients_for_module` returned none (non-finite norm), drop them."""
         if not self.is_sharded:
-            state = self.get_state(components=COMPONENT_RL_MODULE, inference_only=True)
-            return {COMPONENT_RL_MODULE: state[COMPONENT_RL_MODULE], WEIGHTS_SEQ_NO: self._weights_seq_no}
-        out = {mid: self.module[mid].unwrapped().get_state(inference_only=True) for mid in self.module.keys()}
-        if _rank() != 0:
-            return None
-        return {COMPONENT_RL_MODULE: out, WEIGHTS_SEQ_NO: self._weights_seq_no}
-
-    def _own_state(self) -> dict:
-        return {"cov_rng": self._cov_generator.get_state(),
-                "entropy_rng": self._entropy_generator.get_state()}
-
-    @override(TorchLearner)
-    def get_state(self, components=None, *, not_components=None, **kwargs):
-        from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
-
-        if self.is_sharded:
-            # The shards are written by every rank (save_sharded_state, driven by the
-            # Algorithm's save_to_path); this state, written by rank 0 alone, says where.
-            not_components = list(_as_list(not_components)) + [COMPONENT_RL_MODULE, COMPONENT_OPTIMIZER]
-        state = super().get_state(components, not_components=not_components, **kwargs)
-        own = self._own_state()
-        if self.is_sharded:
-            import torch.distributed as dist
-
-            own["sharded_state"] = {"dir": SHARDED_STATE_DIR, "format": "torch.distributed.checkpoint",
-                                    "world_size": dist.get_world_size() if dist.is_initialized() else 1}
-        state[LEARNER_STATE_KEY] = own
-        return state
-
-    @override(TorchLearner)
-    def restore_from_path(self, path, *, component=None, filesystem=None, **kwargs):
-        self._restore_dir = str(path)  # set_state finds the sharded state beside the state file
-        try:
-            return super().restore_from_path(path, component=component, filesystem=filesystem, **kwargs)
-        finally:
-            self._restore_dir = None
-
-    @override(TorchLearner)
-    def set_state(self, state) -> None:
-        from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
-
-        own = state.get(LEARNER_STATE_KEY) or {}
-        if self.is_sharded and COMPONENT_OPTIMIZER in state:
-            # A replicated (DDP / single-learner) checkpoint into sharded learners: the module
-            # weights load (full tensors are scattered); the optimizer state is per-tensor and
-            # its shards are cut the same way.
-            state = dict(state)
-            self._set_full_optimizer_state_sharded(state.pop(COMPONENT_OPTIMIZER))
-        super().set_state(state)
-        if "cov_rng" in own:
-            self._cov_generator.set_state(own["cov_rng"])
-            self._entropy_generator.set_state(own["entropy_rng"])
-        sharded = own.get("sharded_state")
-        if sharded and COMPONENT_RL_MODULE not in state:
-            if self._restore_dir is None:
-                raise ValueError("this learner state points to sharded weights on disk: restore it with "
-                                 "restore_from_path / Algorithm.from_checkpoint, not set_state")
-            self.load_sharded_state(os.path.join(self._restore_dir, sharded["dir"]))
-
-    def _set_full_optimizer_state_sharded(self, opt_state: dict) -> None:
-        """RLlib's optimizer state (full tensors, numpy) into the sharded optimizers."""
-        from ray.rllib.utils.torch_utils import convert_to_torch_tensor
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
-        for name, entry in opt_state.items():
-            optim = self._named_optimizers.get(name)
-            if optim is None:
-                continue
-            saved = entry["state"]
-            params = [p for g in optim.param_groups for p in g["params"]]
-            new_state = {}
-            for idx, per_param in convert_to_torch_tensor(saved["state"], device="cpu").items():
-                p = params[int(idx)]
-                out = {}
-                for k, v in per_param.items():
-                    if isinstance(p, DTensor) and v.dim() > 0 and tuple(v.shape) == tuple(p.shape):
-                        v = distribute_tensor(v.to(p.dtype), p.device_mesh, p.placements)
-                    out[k] = v
-                new_state[int(idx)] = out
-            optim.load_state_dict({**saved, "state": new_state})
-
-    def save_sharded_state(self, directory: str) -> None:
-        """Every rank writes its shards of the module weights and the optimizer state as one
-        torch.distributed.checkpoint per module (``directory/<module_id>``): no gather, so no rank
-        ever holds the whole model, and DCP re-shards on load for any number of ranks."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        for mid in self.module.keys():
-            rlm = self.module[mid].unwrapped()
-            optims = [self._named_optimizers[n] for n in self._module_optimizers.get(mid, [])]
-            msd, osd = get_state_dict(rlm, optims)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(directory, str(mid)))
-
-    def load_sharded_state(self, directory: str) -> None:
-        """Load ``save_sharded_state``'s folder with this learner's ranks (any number, sharded or
-        not): DCP reads each rank's slices of every tensor."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        for mid in self.module.keys():
-            rlm = self.module[mid].unwrapped()
-            optims = [self._named_optimizers[n] for n in self._module_optimizers.get(mid, [])]
-            msd, osd = get_state_dict(rlm, optims)
-            target = {"model": msd, "optim": osd}
-            dcp.load(target, checkpoint_id=os.path.join(directory, str(mid)))
-            set_state_dict(rlm, optims, model_state_dict=target["model"], optim_state_dict=target["optim"])
-
-
-def _rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _as_list(x) -> list:
-    if x is None:
-        return []
-    return [x] if isinstance(x, str) else list(x)
-
-
-def _hf_model_of(module):
-    """The HF causal LM held by an HFCausalLMRLModule."""
-    for name in ("model", "lm", "hf_model"):
-        m = getattr(module, name, None)
-        if isinstance(m, torch.nn.Module):
-            return m
-    raise AttributeError(f"{type(module).__name__} holds no HF model under .model/.lm/.hf_model")
-
-
-def _token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """Rows packed into parts with ``len(part) x longest row of the part <= budget``.
-
-    Rows are taken longest first, so that each part holds rows of similar length: a part is
-    padded to its longest row, and mixing a 400-token trajectory with 60-token guesses pays
-    the padding on every short row (a third of the learner's FLOPs in the search task). The
-    order of rows does not change the accumulated gradient (the loss uses global normalizers).
-    A single row longer than the budget forms its own part (it cannot be split).
-    """
-    lengths = attention_mask.sum(dim=1).tolist()
-    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
-    parts: list[list[int]] = []
-    cur: list[int] = []
-    cur_max = 0
-    for i in order:
-        L = int(lengths[i])
-        new_max = max(cur_max, L)
-        if cur and new_max * (len(cur) + 1) > budget:
-            parts.append(cur)
-            cur, new_max = [], L
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        parts.append(cur)
-    return [torch.tensor(sorted(p), dtype=torch.long) for p in parts]
-
-
-def _entropy_sample_part(attention_mask: torch.Tensor, parts: list, generator: torch.Generator) -> int:
-    """Index of the micro-batch that logs the entropy metric, drawn with P(part) = tokens / total."""
-    if len(parts) <= 1:  # also the [None] placeholder of a learner without rows
-        return 0
-    tokens = torch.tensor([float(attention_mask[p].sum()) for p in parts])
-    return int(torch.multinomial(tokens, 1, generator=generator))
-
-
-def _slice_rows(data: dict, rows: torch.Tensor) -> dict:
-    """Rows of the batch, with the time axis trimmed to the longest real row."""
-    T = int(data["attention_mask"][rows].sum(dim=1).max().item()) if len(rows) else 1
-    out = {}
-    for k, v in data.items():
-        if not isinstance(v, torch.Tensor):
-            continue
-        v = v[rows]
-        out[k] = v[:, :T] if v.dim() == 2 else v
-    return out
-
-
-def _dummy_rows(data: dict, _=None) -> dict:
-    """A one-row, fully masked batch (loss 0) so DDP / FSDP ranks stay in lockstep."""
-    out = _slice_rows(data, torch.tensor([0]))
-    out["loss_mask"] = torch.zeros_like(out["loss_mask"])
-    out["norm_num_tokens"] = torch.ones_like(out["norm_num_tokens"])
-    out["norm_num_seqs"] = torch.ones_like(out["norm_num_seqs"])
-    return out
-
-
-def _global_norm(grads) -> float:
-    """L2 norm over all gradients with a single host sync (not one per parameter)."""
-    gs = [g.detach() for g in grads]
-    if not gs:
-        return 0.0
-    return float(torch.nn.utils.get_total_norm(gs, norm_type=2.0))
+            return super().apply_gradients(gradients_dict)
+        for optim in self._optimizers():
+            if gradients_dict:
+                optim.step()
+            else:
+                optim.zero_grad(set_to_none=True)
