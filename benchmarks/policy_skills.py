@@ -104,7 +104,7 @@ def free_rollouts(engine, task_name: str, tasks, group: int, env_config: dict, m
 def multi_answer_main(args) -> None:
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
     from rllib_spear.envs import load_tasks
-    from rllib_spear.models.sft import task_policy_env_config, task_policy_path
+    from rllib_spear.coldstart import task_policy_env_config, task_policy_path
 
     path = task_policy_path("multi_answer_search") if args.model == "embedded" else args.model
     env_config = task_policy_env_config("multi_answer_search")
@@ -137,7 +137,7 @@ def main() -> None:
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
     from rllib_spear.envs import load_tasks, make_env
     from rllib_spear.models.pretrain import copy_accuracy
-    from rllib_spear.models.sft import default_policy_path
+    from rllib_spear.coldstart import default_policy_path
 
     path = default_policy_path() if args.model == "embedded" else args.model
     tok = AutoTokenizer.from_pretrained(path)

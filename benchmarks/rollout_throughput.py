@@ -54,7 +54,7 @@ def model_path_of(name: str) -> str:
 
         return tiny_model_path()
     if name == "embedded":
-        from rllib_spear.models.sft import default_policy_path
+        from rllib_spear.coldstart import default_policy_path
 
         return default_policy_path()
     return name

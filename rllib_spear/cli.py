@@ -140,7 +140,7 @@ def _train(args: argparse.Namespace) -> int:
     # Resolve an embedded cold start here, in the foreground: a shipped build is a file copy; a
     # build (a recipe with no shipped build) prints its progress on this console and stops on
     # Ctrl-C, instead of running silently inside the trial actor.
-    from rllib_spear.models.rl_module import resolve_model_path
+    from rllib_spear.coldstart import resolve_model_path
 
     resolve_model_path(str(cfg.model_config.get("model_path", "")))
     stop = exp.get("stop") or {"training_iteration": 10}

@@ -179,8 +179,10 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
 def plan(config: Any) -> MemoryPlan:
     """The memory plan of a GRPOConfig (or SPEAR/SPADER config): its model (``model_config_for``),
     ``learners()``, ``env_runners()`` and ``training(micro_batch_token_budget)``."""
+    from .coldstart.lookup import resolve_model_path  # "embedded": the shipped cold start's config.json
+
     mc = dict(config.model_config or {})
-    cfg_json, name, source = model_config_for(str(mc.get("model_path", "")))
+    cfg_json, name, source = model_config_for(str(mc.get("model_path", "")), resolve=resolve_model_path)
     shape = ModelShape.from_config(cfg_json, name)
     layout, engine, extras = _layouts_of(config)
     gpu = getattr(config, "gpu_memory_gb", None)

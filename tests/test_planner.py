@@ -80,7 +80,11 @@ def test_model_path_resolution(tmp_path):
     assert cfg["hidden_size"] == 1536 and source.endswith("config.json")
     with pytest.raises(ValueError, match="config.json"):
         model_config_for("/models/my-own-model")
-    cfg, name, _ = model_config_for("embedded")
+    from rllib_spear.coldstart import resolve_model_path
+
+    with pytest.raises(ValueError, match="resolve"):
+        model_config_for("embedded")  # the model layer does not know the cold starts
+    cfg, name, _ = model_config_for("embedded", resolve=resolve_model_path)
     assert name == "embedded" and cfg["model_type"] in ("qwen2", "llama")
 
 

@@ -3,6 +3,10 @@ log-probs, the RLlib RLModule holding a HF causal LM, and the packaged SmolLM2 l
 
 Imports are lazy (``rllib_spear.models.X`` loads its submodule on first use), so importing this
 package does not import torch, transformers or ray.
+
+This package imports neither the environments, the data nor the cold starts
+(``tests/models/test_layering.py``): the embedded policies, and the resolution of
+``model_path: "embedded"``, live in ``rllib_spear.coldstart``; a module here takes a folder.
 """
 from __future__ import annotations
 
@@ -18,25 +22,28 @@ _EXPORTS = {
     "conversation_texts": "factory",
     "default_cache_dir": "factory",
     "cold_start_sft": "sft",
-    "default_policy_path": "sft",
-    "task_policy_path": "sft",
-    "task_policy_env_config": "sft",
-    "DEFAULT_POLICY_RECIPE": "sft",
+    "sft_examples": "sft",
     "token_logprobs": "logprobs",
     "naive_token_logprobs": "logprobs",
     "HFCausalLMRLModule": "rl_module",
     "hf_rl_module_spec": "rl_module",
-    "resolve_model_path": "rl_module",
     "smollm2_path": "smollm",
     "smollm2_gguf_path": "smollm",
 }
 
 __all__ = sorted(_EXPORTS)
 
+#: Names that moved to ``rllib_spear.coldstart`` (an AttributeError says where they are now).
+_MOVED = ("default_policy_path", "task_policy_path", "task_policy_env_config", "DEFAULT_POLICY_RECIPE",
+          "resolve_model_path")
+
 
 def __getattr__(name: str):
     mod = _EXPORTS.get(name)
     if mod is None:
+        if name in _MOVED:
+            raise AttributeError(f"rllib_spear.models.{name} moved: import it from rllib_spear.coldstart "
+                                 f"(from rllib_spear.coldstart import {name})")
         raise AttributeError(f"module 'rllib_spear.models' has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value

@@ -1,9 +1,10 @@
 """An RLlib (new API stack) ``TorchRLModule`` that holds a Hugging Face causal LM.
 
 ``model_config`` keys:
-    model_path (str, required): a ``save_pretrained`` folder, "embedded" for the project's
-        default policy (``default_policy_path``), or "embedded:<task>" for that policy fine-tuned
-        on another embedded task's demonstrations (``task_policy_path``).
+    model_path (str, required): a ``save_pretrained`` folder. A cold-start name ("embedded",
+        "embedded:<task>") is resolved to its folder before the module is built, by
+        ``rllib_spear.coldstart.resolve_model_path`` (``GRPO.setup`` does it once on the driver
+        and rewrites the config; the env runners and the CLI call it too).
     dtype (str): "float32" (default), "bfloat16"/"bf16", "float16"/"fp16" (``models.dtypes``).
     lora (dict | None): ``peft.LoraConfig`` kwargs (e.g. ``{"r": 8, "lora_alpha": 16,
         "target_modules": ["q_proj", "v_proj"]}``); only the adapters train.
@@ -48,7 +49,7 @@ from ray.rllib.core.rl_module.torch import TorchRLModule
 from .dtypes import torch_dtype
 from .logprobs import token_logprobs
 
-__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "resolve_model_path", "empty_weights"]
+__all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "empty_weights"]
 
 #: Set by ``empty_weights()``: modules built meanwhile hold meta-device (unallocated) weights.
 _EMPTY_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rllib_spear_empty_init", default=False)
@@ -65,15 +66,14 @@ def empty_weights():
     finally:
         _EMPTY_INIT.reset(token)
 
-def resolve_model_path(path: str) -> str:
-    """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
-    "embedded:<task>" -> that policy fine-tuned on the task's demonstrations (``task_policy_path``,
-    e.g. "embedded:multi_answer_search"); anything else unchanged."""
-    if path == "embedded" or path.startswith("embedded:"):
-        from .sft import default_policy_path, task_policy_path
 
-        task = path.split(":", 1)[1] if ":" in path else "default"
-        return default_policy_path() if task in ("", "default", "search_qa") else task_policy_path(task)
+def _model_folder(path: str) -> str:
+    """``model_config["model_path"]`` as a folder to load; a cold-start name that was not resolved
+    first is refused with the fix (this layer does not know the cold starts)."""
+    if path == "embedded" or path.startswith("embedded:"):
+        raise ValueError(
+            f"HFCausalLMRLModule: model_path {path!r} names a cold start, not a folder: resolve it first "
+            "with rllib_spear.coldstart.resolve_model_path (GRPO.setup does it for the learners)")
     return path
 
 
@@ -90,7 +90,7 @@ class HFCausalLMRLModule(TorchRLModule):
         self._chunk_size = int(chunk) if chunk else None
         self._temperature = float(cfg.get("temperature", 1.0))
         self._compute_entropy = bool(cfg.get("compute_entropy", True))
-        path = resolve_model_path(str(cfg["model_path"]))
+        path = _model_folder(str(cfg["model_path"]))
         dtype = torch_dtype(cfg.get("dtype", "float32"))
         if _EMPTY_INIT.get():
             # A sharded learner rank other than 0: the architecture only, on the meta device

@@ -22,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 __all__ = ["ModelShape", "MODEL_CONFIGS_DIR", "bundled_model_names", "bundled_model_config",
            "model_config_for", "LINEAR_MODULES"]
@@ -233,12 +233,14 @@ def _match_bundled(basename: str) -> tuple[str, str] | None:
     return (best, f"by the name prefix {_family(best)!r}") if best else None
 
 
-def model_config_for(model_path: str) -> tuple[dict[str, Any], str, str]:
+def model_config_for(model_path: str, resolve: Callable[[str], str] | None = None
+                     ) -> tuple[dict[str, Any], str, str]:
     """(config.json mapping, model name, where it came from) of a recipe's ``model_path``:
 
     1. a folder holding ``config.json`` (or the path of a config.json file): that file;
-    2. "embedded" / "embedded:<task>": the project's cold start, through
-       ``models.rl_module.resolve_model_path`` (a file copy of the shipped build);
+    2. "embedded" / "embedded:<task>": the project's cold start, in the folder ``resolve`` maps
+       the name to (the memory planner passes ``rllib_spear.coldstart.resolve_model_path``: a
+       file copy of the shipped build; this layer does not know the cold starts);
     3. otherwise the path's or hub id's last component matched to a bundled config
        (``/models/Qwen2.5-7B-Instruct``, ``meta-llama/Llama-3.1-8B-Instruct``, or a fine-tune
        folder named after its base model, e.g. ``qwen2.5-32b-retool-sft``).
@@ -247,9 +249,10 @@ def model_config_for(model_path: str) -> tuple[dict[str, Any], str, str]:
     """
     path = str(model_path)
     if path == "embedded" or path.startswith("embedded:"):
-        from .rl_module import resolve_model_path  # torch: only for the embedded policies
-
-        folder = Path(resolve_model_path(path))
+        if resolve is None:
+            raise ValueError(f"cannot size model_path {path!r}: a cold-start name; pass "
+                             "resolve=rllib_spear.coldstart.resolve_model_path")
+        folder = Path(resolve(path))
         return json.loads((folder / "config.json").read_text()), path, f"{folder}/config.json"
     p = Path(path).expanduser()
     if p.is_file() and p.name.endswith(".json"):

@@ -83,7 +83,7 @@ def test_config_round_trips_through_dict():
 def test_embedded_task_cold_start_with_another_call_format_warns(caplog):
     import logging
 
-    from rllib_spear.models.sft import task_policy_env_config
+    from rllib_spear.coldstart import task_policy_env_config
 
     def config(env_config):
         return (SPADERConfig().environment("multi_answer_search", env_config=env_config)

@@ -15,20 +15,20 @@ from rllib_spear.env_runners.engines.base import SamplingConfig
 
 
 def _shipped_kinds():
-    from rllib_spear.models.sft import SHIPPED_TASKS, default_policy_key, task_policy_key
+    from rllib_spear.coldstart.recipes import SHIPPED_TASKS, default_policy_key, task_policy_key
 
     return [("default-policy", default_policy_key())] + [
         (f"task-policy-{task}", task_policy_key(task)) for task in SHIPPED_TASKS]
 
 
 def test_every_shipped_cold_start_has_a_build_for_its_recipe():
-    from rllib_spear.models.shipped import SHIPPED_POLICIES, file_sha256, find_shipped
+    from rllib_spear.coldstart.lookup import SHIPPED_POLICIES, file_sha256, find_shipped
 
     for kind, key in _shipped_kinds():
         found = find_shipped(kind, key)
         assert found is not None, (
             f"no shipped {kind} for recipe key {key}: its recipe, DATA_VERSION or DEMOS_VERSION changed; "
-            "rebuild with `python -m rllib_spear.models.sft` and commit rllib_spear/assets")
+            "rebuild with `python -m rllib_spear.coldstart` and commit rllib_spear/assets")
         folder, manifest = found
         assert {"model.safetensors", "tokenizer.json", "config.json"} <= set(manifest["files"])
         for name, digest in manifest["files"].items():
@@ -45,12 +45,12 @@ def test_shipped_cold_starts_are_found_on_a_fresh_machine(tmp_path):
     import subprocess
     import sys
 
-    from rllib_spear.models.shipped import SHIPPED_POLICIES
+    from rllib_spear.coldstart.lookup import SHIPPED_POLICIES
 
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8"}
-    code = ("import json; from rllib_spear.models.rl_module import resolve_model_path; "
+    code = ("import json; from rllib_spear.coldstart import resolve_model_path; "
             "print(json.dumps([resolve_model_path('embedded'), resolve_model_path('embedded:multi_answer_search')]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
@@ -66,8 +66,8 @@ def test_shipped_cold_starts_are_found_on_a_fresh_machine(tmp_path):
 
 
 def test_default_policy_path_copies_the_shipped_build_once(tmp_path):
-    from rllib_spear.models.sft import default_policy_key, default_policy_path
-    from rllib_spear.models.shipped import SHIPPED_POLICIES
+    from rllib_spear.coldstart import default_policy_key, default_policy_path
+    from rllib_spear.coldstart.lookup import SHIPPED_POLICIES
 
     key = default_policy_key()
     path = default_policy_path(tmp_path)
@@ -78,8 +78,8 @@ def test_default_policy_path_copies_the_shipped_build_once(tmp_path):
 
 
 def test_a_damaged_shipped_build_is_refused_and_leaves_nothing(tmp_path):
-    from rllib_spear.models.sft import default_policy_key
-    from rllib_spear.models.shipped import SHIPPED_POLICIES, copy_shipped, find_shipped
+    from rllib_spear.coldstart.lookup import copy_shipped, find_shipped
+    from rllib_spear.coldstart.recipes import default_policy_key
 
     folder, manifest = find_shipped("default-policy", default_policy_key())
     damaged = tmp_path / "assets" / folder.name
@@ -113,15 +113,15 @@ def test_shipped_cold_starts_were_trained_on_what_a_fresh_install_generates(tmp_
     import subprocess
     import sys
 
-    from rllib_spear.models import sft
-    from rllib_spear.models.shipped import find_shipped
+    from rllib_spear.coldstart import recipes
+    from rllib_spear.coldstart.lookup import find_shipped
 
     if which == "default":
-        kind, key, fn = "default-policy", sft.default_policy_key(), "default_policy_data_hash(cache_dir=c)"
+        kind, key, fn = "default-policy", recipes.default_policy_key(), "default_policy_data_hash(cache_dir=c)"
     else:
-        kind, key, fn = f"task-policy-{which}", sft.task_policy_key(which), f"task_policy_data_hash({which!r}, cache_dir=c)"
+        kind, key, fn = f"task-policy-{which}", recipes.task_policy_key(which), f"task_policy_data_hash({which!r}, cache_dir=c)"
     _, manifest = find_shipped(kind, key)
-    code = ("import sys; from rllib_spear.models.sft import default_policy_data_hash, task_policy_data_hash; "
+    code = ("import sys; from rllib_spear.coldstart.data import default_policy_data_hash, task_policy_data_hash; "
             f"c = sys.argv[1]; print({fn})")
     env = {**os.environ, "RLLIB_SPEAR_CACHE": str(tmp_path / "cache")}
     env.pop("RLLIB_SPEAR_DATA_DIR", None)
@@ -133,7 +133,7 @@ def test_shipped_cold_starts_were_trained_on_what_a_fresh_install_generates(tmp_
         assert out.stdout.split()[-1] == manifest["data_hash"], (
             f"{kind}: the data a fresh install generates (NPY_DISABLE_CPU_FEATURES={features!r}) is not what "
             "the shipped build trained on; bump DEMOS_VERSION (rllib_spear/envs/demos.py) or DATA_VERSION and "
-            "re-ship with `python -m rllib_spear.models.sft`")
+            "re-ship with `python -m rllib_spear.coldstart`")
 
 
 def test_top_k_ties_are_broken_by_index():
@@ -154,7 +154,7 @@ def test_top_k_ties_are_broken_by_index():
 def test_default_policy_learns_the_format_and_to_read(tmp_path_factory):
     envs = pytest.importorskip("rllib_spear.envs")
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
-    from rllib_spear.models.sft import default_policy_path
+    from rllib_spear.coldstart import default_policy_path
 
     path = default_policy_path(tmp_path_factory.mktemp("default_policy"))
     eng = HFEngine(path)
@@ -185,7 +185,7 @@ def test_default_policy_learns_the_format_and_to_read(tmp_path_factory):
 
 @pytest.mark.slow
 def test_build_pipeline_runs_every_stage(tmp_path):
-    from rllib_spear.models.sft import DEFAULT_POLICY_RECIPE, default_policy_path
+    from rllib_spear.coldstart import DEFAULT_POLICY_RECIPE, default_policy_path
 
     recipe = dict(
         DEFAULT_POLICY_RECIPE, hidden=64, heads=1, demo_passes=1,
@@ -208,21 +208,31 @@ def test_build_pipeline_runs_every_stage(tmp_path):
 
 
 def test_embedded_model_paths_resolve(monkeypatch):
-    from rllib_spear.models import rl_module, sft
+    from rllib_spear.coldstart import build, lookup
 
     calls = []
-    monkeypatch.setattr(sft, "default_policy_path", lambda *a, **k: calls.append("default") or "/d")
-    monkeypatch.setattr(sft, "task_policy_path", lambda task, *a, **k: calls.append(task) or f"/t/{task}")
-    assert rl_module.resolve_model_path("embedded") == "/d"
-    assert rl_module.resolve_model_path("embedded:default") == "/d"
-    assert rl_module.resolve_model_path("embedded:search_qa") == "/d"
-    assert rl_module.resolve_model_path("embedded:multi_answer_search") == "/t/multi_answer_search"
-    assert rl_module.resolve_model_path("/models/qwen") == "/models/qwen"
+    monkeypatch.setattr(build, "default_policy_path", lambda *a, **k: calls.append("default") or "/d")
+    monkeypatch.setattr(build, "task_policy_path", lambda task, *a, **k: calls.append(task) or f"/t/{task}")
+    assert lookup.resolve_model_path("embedded") == "/d"
+    assert lookup.resolve_model_path("embedded:default") == "/d"
+    assert lookup.resolve_model_path("embedded:search_qa") == "/d"
+    assert lookup.resolve_model_path("embedded:multi_answer_search") == "/t/multi_answer_search"
+    assert lookup.resolve_model_path("/models/qwen") == "/models/qwen"
     assert calls == ["default", "default", "default", "multi_answer_search"]
-    # the env runner uses the very same function (one resolution for learners and runners)
+    # the driver (GRPO.setup), the env runner and the top-level package use the very same function
+    import rllib_spear
+    from rllib_spear.coldstart import resolve_model_path
     from rllib_spear.env_runners import llm_env_runner
 
-    assert llm_env_runner.resolve_model_path is rl_module.resolve_model_path
+    assert llm_env_runner.resolve_model_path is lookup.resolve_model_path is resolve_model_path
+    assert rllib_spear.resolve_model_path is resolve_model_path
+
+
+def test_the_rl_module_refuses_an_unresolved_cold_start_name():
+    from rllib_spear.models.rl_module import HFCausalLMRLModule
+
+    with pytest.raises(ValueError, match="rllib_spear.coldstart.resolve_model_path"):
+        HFCausalLMRLModule(model_config={"model_path": "embedded"})
 
 
 @pytest.mark.slow
@@ -232,7 +242,7 @@ def test_task_policy_searches_and_copies_on_multi_answer(tmp_path_factory):
     episode that searches scores more than one that guesses: the signal RL needs."""
     envs = pytest.importorskip("rllib_spear.envs")
     from rllib_spear.env_runners.engines.hf_engine import HFEngine
-    from rllib_spear.models.sft import default_policy_path, task_policy_env_config, task_policy_path
+    from rllib_spear.coldstart import default_policy_path, task_policy_env_config, task_policy_path
 
     import sys
 
@@ -257,7 +267,7 @@ def test_task_policy_searches_and_copies_on_multi_answer(tmp_path_factory):
 
 @pytest.mark.slow
 def test_task_policy_build_runs_reading_then_demonstrations(tmp_path):
-    from rllib_spear.models.sft import TASK_POLICY_OVERRIDES, TASK_POLICY_RECIPE, default_policy_path, task_policy_path
+    from rllib_spear.coldstart import TASK_POLICY_OVERRIDES, TASK_POLICY_RECIPE, default_policy_path, task_policy_path
 
     over = TASK_POLICY_OVERRIDES["multi_answer_search"]
     recipe = {**TASK_POLICY_RECIPE, **over, "demo_passes": 1,
@@ -283,7 +293,7 @@ def test_ctrl_c_stops_a_build_and_leaves_no_partial_cache_entry(tmp_path):
 
     cache = tmp_path / "cache"
     code = (
-        "import sys; from rllib_spear.models.sft import DEFAULT_POLICY_RECIPE as R, default_policy_path\n"
+        "import sys; from rllib_spear.coldstart import DEFAULT_POLICY_RECIPE as R, default_policy_path\n"
         "r = dict(R, hidden=64, heads=1, demo_passes=1, copy_pretrain=dict(R['copy_pretrain'], steps=10**6),\n"
         "         reading=dict(R['reading'], worlds=1))\n"
         "default_policy_path(sys.argv[1], recipe=r)\n")

@@ -120,7 +120,7 @@ def test_sft_train_on_all_tokens(sft_setup):
 
 def test_reading_conversations_search_other_worlds(tmp_path):
     from rllib_spear.envs import load_tasks
-    from rllib_spear.models.sft import DEFAULT_POLICY_RECIPE, reading_conversations
+    from rllib_spear.coldstart import DEFAULT_POLICY_RECIPE, reading_conversations
 
     recipe = dict(DEFAULT_POLICY_RECIPE, reading=dict(DEFAULT_POLICY_RECIPE["reading"], worlds=1))
     convs = reading_conversations(recipe, tmp_path)
