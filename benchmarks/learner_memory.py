@@ -11,12 +11,13 @@ algorithm in four learner layouts, on CPU over gloo:
 * ``fsdp-2``: two ranks, FSDP2 ``fully_shard`` per block and on the root.
 
 Every run replays the same synthetic trajectories (seeded token ids and rewards, non-zero
-advantages) through ``algo.train()`` (``algo._sample`` replaced), one optimizer step per iteration.
+advantages) through ``algo.train()`` (a ``TrajectoryCallback`` replaces each sampled batch), one
+optimizer step per iteration.
 After the last iteration each rank reports ``learner.state_bytes()`` (the bytes it stores for
 parameters, gradients and AdamW state at its last optimizer step: a DTensor counts its local shard)
 through ``learner_group.foreach_learner``. Learner throughput is the trained tokens over the wall
-time of the learner update (``GRPO._update_learners``: batch building, ``learner_group.update``,
-result aggregation; the region behind the algorithm's ``train_tokens_per_s``), averaged over the
+time of the learner update (the algorithm's ``learner_update_s`` metric: batch building,
+``learner_group.update``, result aggregation; the region behind ``train_tokens_per_s``), over the
 iterations after a warm-up.
 
     python benchmarks/learner_memory.py [--trajs 16 --tokens 128 --iters 3] [--layouts ddp-2,fsdp-2]
@@ -45,6 +46,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
+
+from rllib_spear.callbacks import TrajectoryCallback  # noqa: E402
 
 #: ~20M parameters: 7 Qwen2 blocks of hidden 512 (8 heads of 64, 2 KV heads, MLP 1408) and the
 #: project tokenizer's ~500-token vocabulary, tied embeddings.
@@ -124,28 +127,18 @@ def run_layout(path, layout, trajs, args) -> dict:
                       group_size=args.group_size, tasks=len(trajs) // args.group_size, threads=threads)
     log(f"{layout}: building the algorithm ({n} learner rank(s), {sharding}, "
         f"mixed_precision={args.mixed_precision}, {threads} torch thread(s) per rank)")
-    algo = cfg.build_algo()
+    class Replay(TrajectoryCallback):  # every iteration trains on the same recorded batch
+        def on_trajectories(self, *, trajectories, runner_stats, **kwargs):
+            trajectories[:] = copy.deepcopy(trajs)
+            runner_stats[:] = [{}]
+
+    algo = cfg.callbacks(Replay).build_algo()
     try:
-        update_s: list[float] = []
-        orig = algo._update_learners
-
-        def timed_update(rows, step):
-            t0 = time.perf_counter()
-            out = orig(rows, step)
-            update_s.append(time.perf_counter() - t0)
-            return out
-
-        def replay(tasks, step, group_size=None):
-            algo._sampled_version = algo._policy_version
-            return copy.deepcopy(trajs), [{}]
-
-        algo._update_learners = timed_update
-        algo._sample = replay
         iters = []
         for i in range(args.iters + 1):
             res = algo.train()
             lr = res["learners"]["default_policy"]
-            it = {"update_s": update_s[-1], "train_tokens_per_s": float(res.get("train_tokens_per_s", float("nan"))),
+            it = {"update_s": float(res["learner_update_s"]), "train_tokens_per_s": float(res.get("train_tokens_per_s", float("nan"))),
                   "trained_tokens": float(lr.get("trained_tokens", float("nan"))),
                   "grad_norm": float(lr.get("grad_norm", float("nan"))),
                   "reported_bytes": {k: float(lr[k]) for k in ("param_bytes", "grad_bytes", "optimizer_bytes") if k in lr}}

@@ -24,6 +24,7 @@ import torch
 
 def synthetic_trajectories(n, length, vocab, seed=0, group_size=8):
     from rllib_spear.core.trajectory import Segment, Trajectory
+    from rllib_spear.testing import make_stats
 
     rng = np.random.default_rng(seed)
     out = []
@@ -35,8 +36,10 @@ def synthetic_trajectories(n, length, vocab, seed=0, group_size=8):
         lp = lambda k: (-rng.random(k) * 3).tolist()  # noqa: E731
         segs = [Segment("prompt", tok(p)), Segment("assistant", tok(a1), lp(a1), 0),
                 Segment("observation", tok(o)), Segment("assistant", tok(a2), lp(a2), 1)]
-        out.append(Trajectory(uid=f"task{i // group_size}", segments=segs,
-                              outcome_reward=float(rng.choice([0.0, 1.0]))))
+        outcome = float(rng.choice([0.0, 1.0]))
+        out.append(Trajectory(uid=f"task{i // group_size}", segments=segs, outcome_reward=outcome,
+                              stats=make_stats(success=outcome > 0, outcome_reward=outcome, tool_calls=1,
+                                               queries_per_step=[1, 0])))
     return out
 
 

@@ -94,8 +94,8 @@ def free_rollouts(engine, task_name: str, tasks, group: int, env_config: dict, m
                                RolloutConfig(max_turns=3, max_model_len=max_model_len,
                                              max_response_tokens=max_response_tokens))
     trajs, _ = rollout.run(tasks, group)
-    tool = np.array([t.info["tool_calls"] > 0 for t in trajs])
-    value = np.array([float(t.info[metric]) for t in trajs])
+    tool = np.array([t.stats.tool_calls > 0 for t in trajs])
+    value = np.array([float(t.stats[metric]) for t in trajs])
     return {"episodes": len(trajs), "tool_call_rate": float(tool.mean()), metric: float(value.mean()),
             "with_search": float(value[tool].mean()) if tool.any() else float("nan"), "searching": int(tool.sum()),
             "without_search": float(value[~tool].mean()) if (~tool).any() else float("nan")}

@@ -104,6 +104,7 @@ class GRPO(Algorithm):
         self._log_rollout_metrics(trajs, runner_stats, kept.fractions, t_sample)
         trained_tokens = sum(int(r.traj.length) for r in rows + replay.rows)
         self.metrics.log_value("train_tokens_per_s", trained_tokens / max(t_train, 1e-9), window=1)
+        self.metrics.log_value("learner_update_s", t_train, window=1)
         self.metrics.log_value("algo_step", step, window=1)
 
     # ------------------------------------------------------------------ pieces
