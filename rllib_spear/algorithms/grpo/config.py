@@ -290,7 +290,7 @@ class GRPOConfig(AlgorithmConfig):
         if want and env_config.get("parser") != want:
             logging.getLogger(__name__).warning(
                 "model_path %r was trained to call tools with parser %r, but env_config['parser'] is %r; "
-                "use .environment(%r, env_config=rllib_spear.models.task_policy_env_config(%r))",
+                "use .environment(%r, env_config=rllib_spear.coldstart.task_policy_env_config(%r))",
                 path, want, env_config.get("parser"), self.env, self.env)
 
 

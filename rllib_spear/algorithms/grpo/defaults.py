@@ -11,7 +11,7 @@ import numpy as np
 PLACEHOLDER_OBS_SPACE = gym.spaces.Box(0, np.iinfo(np.int32).max, (1,), np.int64)
 PLACEHOLDER_ACTION_SPACE = gym.spaces.Discrete(2)
 
-EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (models.default_policy_path)
+EMBEDDED_MODEL = "embedded"  # resolved to the project's tiny SFT'd policy (coldstart.default_policy_path)
 
 # training() kwargs owned by the configs (name -> default). Kept in tables so that training(),
 # to_dict() and validate() cannot drift apart. The knobs of the recipe pieces (estimators, reward
