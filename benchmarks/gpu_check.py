@@ -28,12 +28,17 @@
    fp32 model onto its GPU before sharding) and during the step.
    ``--cpu-smoke`` runs the same code on CPU (gloo) with a small model of the same architecture and
    the HF engine in place of vLLM: no GPU, no vLLM needed.
+7. with ``--tp-runner-only [--tp-size K]``: a vLLM env runner with ``tensor_parallel_size`` K
+   (default 1) built by RLlib from the config, as in a cluster run (``run_tp_runner`` in
+   benchmarks/gpu_tp_runner.py, docs/design.md "Cluster placement"): its placement-group bundle
+   and actor hold K GPUs, one training iteration samples and syncs weights into the engine.
 
 Prints one JSON summary line at the end ("GPU_CHECK_RESULT {...}") and exits non-zero on failure.
 
     python benchmarks/gpu_check.py [--hidden 256 --layers 4 --dtype float32 --prompts 64 --max-new 128]
     python benchmarks/gpu_check.py --sharded-only        # GPU: the sharded learner step alone
     python benchmarks/gpu_check.py --cpu-smoke           # CPU: the same code path, small model
+    python benchmarks/gpu_check.py --tp-runner-only      # GPU: the tensor-parallel runner step (K=1)
 """
 from __future__ import annotations
 
@@ -197,6 +202,10 @@ def main() -> int:
     ap.add_argument("--sharded-no-reference", action="store_true", help="skip the 1-rank gradient reference")
     ap.add_argument("--smoke-engine", default="hf", choices=["hf", "vllm"],
                     help="--cpu-smoke: the engine that receives the weights (vllm: vLLM's CPU backend)")
+    ap.add_argument("--tp-runner-only", action="store_true",
+                    help="run only the tensor-parallel env-runner step (vLLM; benchmarks/gpu_tp_runner.py)")
+    ap.add_argument("--tp-size", type=int, default=1,
+                    help="--tp-runner-only: tensor_parallel_size of the runner's engine (1 fits one GPU)")
     a = ap.parse_args()
 
     result: dict = {"ok": False, "cuda": torch.cuda.is_available()}
@@ -208,9 +217,13 @@ def main() -> int:
             result["gpu"] = torch.cuda.get_device_name(0)
             result["gpus"] = torch.cuda.device_count()
         work = a.out or tempfile.mkdtemp(prefix="gpu_check_")
-        if not sharded_only:
+        if a.tp_runner_only:
+            from gpu_tp_runner import run_tp_runner
+
+            run_tp_runner(a, result, checks, work)
+        if not (sharded_only or a.tp_runner_only):
             run_engine_checks(a, result, checks, work)
-        if a.sharded or sharded_only:
+        if (a.sharded or sharded_only) and not a.tp_runner_only:
             run_sharded_step(a, result, checks, work)
         result["ok"] = bool(checks) and all(ok for _, ok in checks.values())
     except Exception as e:  # report, don't hide

@@ -9,6 +9,8 @@
 # Usage: bash benchmarks/gpu_check.sh [extra args for gpu_check.py]
 #   GPU_CHECK_BOTH=0     skip the load_weights engine run
 #   GPU_CHECK_SHARDED=0  skip the sharded learner step
+#   GPU_CHECK_TP=0       skip the tensor-parallel env-runner step (GPU_CHECK_TP_SIZE=K: its
+#                        tensor_parallel_size, default 1: fits one GPU)
 # Without a GPU: python benchmarks/gpu_check.py --cpu-smoke (the same sharded code path on CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,5 +31,10 @@ fi
 # 3) the sharded learner step (2 FSDP2 ranks, bf16) + weight sync into vLLM, in a fresh process
 if [ "${GPU_CHECK_SHARDED:-1}" = "1" ]; then
   timeout 600 $PY benchmarks/gpu_check.py --sharded-only "$@" || rc=$?
+fi
+# 4) a vLLM env runner with tensor_parallel_size K built by RLlib from the config (its bundle and
+#    actor hold K GPUs) + one training iteration, in a fresh process (benchmarks/gpu_tp_runner.py)
+if [ "${GPU_CHECK_TP:-1}" = "1" ]; then
+  timeout 300 $PY benchmarks/gpu_check.py --tp-runner-only --tp-size "${GPU_CHECK_TP_SIZE:-1}" "$@" || rc=$?
 fi
 exit $rc

@@ -22,6 +22,7 @@ from ..core.trajectory import Trajectory
 from ..coldstart.lookup import resolve_model_path
 from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
+from .placement import runner_engine_kwargs
 from .rollout import MultiTurnRollout, RolloutConfig
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state"]
@@ -66,7 +67,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.model_path = model_path
         seed = int(cfg.seed or 0) * 1000 + self.worker_index
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine_kwargs = dict(cfg.engine_kwargs or {})
+        engine_kwargs = runner_engine_kwargs(cfg.engine, cfg.engine_kwargs)  # placement.py
         if cfg.engine == "hf":
             engine_kwargs.setdefault("dtype", cfg.model_config.get("dtype", "float32"))
         else:  # vLLM sizes its context (and KV cache) by it; its own default is 4096 tokens

@@ -16,6 +16,7 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.util import log_once
 
 from ...core.losses import PolicyLossConfig
+from ...env_runners.placement import resolve_runner_gpus
 from ...recipe import DRBOT_FILTERS
 from ...recipe.checks import check_recipe
 from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
@@ -251,6 +252,8 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`group_filter_keep_fraction` must be in (0, 1] or None, got {kf!r}")
         if self.engine not in ("hf", "vllm"):
             err(f"`engine` must be 'hf' or 'vllm' (set it with .env_runners(engine=...)), got {self.engine!r}")
+        # a tensor-parallel vLLM runner holds its k GPUs (docs/design.md "Cluster placement")
+        resolve_runner_gpus(self, err)
         if self.temperature <= 0:
             err(f"`temperature` must be > 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
