@@ -175,6 +175,47 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self.engine.update_weights(sd, version=seq)
         self._weights_seq_no = seq
 
+    def apply_weight_manifest(self, manifest) -> int:
+        """Apply a streamed weight sync (``rllib_spear.weight_streaming.WeightManifest``: bucket
+        metadata and refs), one bucket at a time; returns the weights version, which becomes
+        the manifest's only when every bucket arrived (docs/design.md "Weight streaming"). The
+        same version is skipped, as in ``set_state``."""
+        from ..weight_streaming import apply_manifest
+
+        seq = int(manifest.version)
+        if seq == 0 or seq != self._weights_seq_no:
+            if apply_manifest(self.engine, manifest):
+                self._weights_seq_no = seq
+        return self._weights_seq_no
+
+    def join_weight_group(self, group_id: str, host: str, port: int, world_size: int) -> int:
+        """Join the learner's weight-sync group (transport "collective"; blocks until every
+        member joined); returns this runner's rank in it. An older group is dropped."""
+        from ..weight_streaming.collective import join_group
+
+        self._weight_group = None
+        self._weight_group = join_group(group_id, world_size, host=host, port=port)
+        return self._weight_group.rank
+
+    def weight_group_id(self) -> str | None:
+        """The id of the weight group this runner is in (None: none, e.g. after a restart)."""
+        group = getattr(self, "_weight_group", None)
+        return None if group is None else group.group_id
+
+    def receive_weight_broadcast(self) -> int:
+        """Receive one broadcast sync into the engine, bucket by bucket (transport
+        "collective"); returns the weights version, the new one only if every bucket came."""
+        from ..weight_streaming.receiver import receive_broadcast
+
+        try:
+            complete, version = receive_broadcast(self.engine, self._weight_group)
+        except Exception:
+            self._weight_group = None
+            raise
+        if complete:
+            self._weights_seq_no = version
+        return self._weights_seq_no
+
     def get_ctor_args_and_kwargs(self):
         return ((), {"config": self.config})
 

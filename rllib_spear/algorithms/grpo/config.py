@@ -110,7 +110,10 @@ class GRPOConfig(AlgorithmConfig):
         * ``cpu_offload``: fsdp only: the shards and the optimizer step live in CPU memory;
         * ``activation_checkpointing``: None = ``model_config["gradient_checkpointing"]``;
         * ``gpu_memory_gb``: memory of one learner GPU; when set, ``validate()`` refuses a config
-          whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change.
+          whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change;
+        * ``weight_sync_transport``: how the weights reach the engines (docs/design.md "Weight
+          streaming"): "object_store" (default), "collective", "auto" or "driver" (the old path);
+        * ``weight_sync_bucket_mb``: the size bound of a weight bucket (> 0; default 256).
         """
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in LEARNER_DEFAULTS}
         super().learners(**kwargs)
@@ -278,6 +281,13 @@ class GRPOConfig(AlgorithmConfig):
             except ValueError as e:
                 err(f"`model_config['dtype']`: {e}")
         check_learner_layout(self, self._value_error)
+        from ...weight_streaming import TRANSPORTS
+
+        if self.weight_sync_transport not in TRANSPORTS:
+            err(f"`weight_sync_transport` (learners()) must be one of {TRANSPORTS}, got {self.weight_sync_transport!r}")
+        mb = self.weight_sync_bucket_mb
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
+            err(f"`weight_sync_bucket_mb` (learners()) must be a number > 0, got {mb!r}")
         self._warn_on_cold_start_call_format()
 
     def _warn_on_cold_start_call_format(self) -> None:

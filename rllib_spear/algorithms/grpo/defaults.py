@@ -80,6 +80,12 @@ LEARNER_DEFAULTS: dict[str, Any] = {
     "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
     "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
     "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
+    # learner -> engine weight sync (docs/design.md "Weight streaming"): "object_store" (one Ray
+    # object per bucket, put by learner rank 0), "collective" (learner rank 0 broadcasts each
+    # bucket over a gloo group with the runners), "auto" (collective when the group can be
+    # formed, else object_store), "driver" (the whole state through the driver: the old path)
+    "weight_sync_transport": "object_store",
+    "weight_sync_bucket_mb": 256,  # bucket size bound in MB (a larger tensor goes alone)
 }
 
 #: env_runners() kwargs about the engines' hardware (not sampling knobs).

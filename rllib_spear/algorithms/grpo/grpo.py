@@ -144,7 +144,10 @@ class GRPO(Algorithm):
     def sync_weights(self) -> None:
         """The learners' weights to every runner, version-checked (rollouts run on the new version)."""
         if self.env_runner_group is not None:
-            self._policy_version = sync_weights(self.learner_group, self.env_runner_group, self.config.sharding)
+            cfg = self.config
+            self._policy_version = sync_weights(self.learner_group, self.env_runner_group, cfg.sharding,
+                                                transport=cfg.weight_sync_transport,
+                                                bucket_mb=cfg.weight_sync_bucket_mb)
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, then the version-checked weight sync of the restored runners."""

@@ -50,6 +50,103 @@ class LearnerStateMixin:
             return None
         return {COMPONENT_RL_MODULE: out, WEIGHTS_SEQ_NO: self.get_state(components=[])[WEIGHTS_SEQ_NO]}
 
+    def iter_engine_weights(self):
+        """(HF name, whole tensor) of the default module's inference weights, one tensor at a
+        time, for the weight stream (docs/design.md "Weight streaming"). Under FSDP every rank
+        must drain it (each tensor is all-gathered, ``models.sharding.iter_full_state``) and only
+        rank 0 gets tensors (the others get None); unsharded, rank 0 yields the tensors as they
+        are (no copy) and the other ranks nothing. The tied ``lm_head.weight`` is left out. A
+        LoRA module yields its merged weights (computed whole first: the merge needs them)."""
+        from ray.rllib.core import DEFAULT_MODULE_ID
+
+        from ...models.sharding import iter_full_state
+
+        keep = rank() == 0
+        mids = list(self.module.keys())
+        rlm = self.module[DEFAULT_MODULE_ID if DEFAULT_MODULE_ID in mids else mids[0]].unwrapped()
+        model = rlm.hf_model()
+        if model is not rlm.model:  # LoRA: the merged state (a collective under FSDP)
+            merged = rlm.get_state(inference_only=True)
+            yield from ((k, v if keep else None) for k, v in merged.items())
+            return
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        sd = {k: v for k, v in model.state_dict().items() if not (tied and k.endswith("lm_head.weight"))}
+        if not self.is_sharded:
+            if keep:
+                yield from ((k, v.detach()) for k, v in sd.items())
+            return
+        yield from iter_full_state(sd, keep=keep)
+
+    def weights_version(self) -> int:
+        """The learner's weights version (WEIGHTS_SEQ_NO)."""
+        from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
+
+        return int(self.get_state(components=[])[WEIGHTS_SEQ_NO])
+
+    def put_engine_weights(self, bucket_bytes: int):
+        """Transport "object_store": rank 0 ``ray.put``s the weights bucket by bucket and returns
+        the :class:`~rllib_spear.weight_streaming.WeightManifest` (refs and metadata); the other
+        ranks take part in the gathers and return None. This learner keeps the refs (it owns the
+        objects) until :meth:`release_engine_weights`."""
+        from ...weight_streaming import iter_buckets, put_buckets
+
+        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes)
+        if rank() != 0:
+            for _ in buckets:
+                pass
+            return None
+        self._engine_weights_manifest = put_buckets(buckets, self.weights_version())
+        return self._engine_weights_manifest
+
+    def release_engine_weights(self) -> None:
+        """Drop the refs of the last ``put_engine_weights`` (the objects are freed once no
+        runner or driver holds them either)."""
+        self._engine_weights_manifest = None
+
+    def open_weight_group(self, group_id: str, world_size: int):
+        """Transport "collective", step 1: rank 0 opens a TCP store on its node for a new
+        weight group of ``world_size`` members (itself and the runners) and returns (host,
+        port); the other ranks return None. An older group is dropped."""
+        if rank() != 0:
+            return None
+        from ...weight_streaming.collective import open_store
+
+        self._weight_group = None
+        store, host, port = open_store(world_size)
+        self._weight_group_pending = (group_id, world_size, store)
+        return host, port
+
+    def join_weight_group(self) -> None:
+        """Step 2 (rank 0; blocks until every runner joined, see ``LLMEnvRunner.join_weight_group``)."""
+        if rank() != 0:
+            return None
+        from ...weight_streaming.collective import join_group
+
+        group_id, world_size, store = self._weight_group_pending
+        self._weight_group_pending = None
+        self._weight_group = join_group(group_id, world_size, store=store)
+
+    def broadcast_engine_weights(self, bucket_bytes: int):
+        """Broadcast the weights bucket by bucket to the weight group (every rank takes part in
+        the gathers under FSDP; rank 0 sends); rank 0 returns (version, number of buckets)."""
+        from ...weight_streaming import iter_buckets
+        from ...weight_streaming.collective import broadcast_buckets
+
+        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes)
+        if rank() != 0:
+            for _ in buckets:
+                pass
+            return None
+        group = getattr(self, "_weight_group", None)
+        if group is None:
+            raise RuntimeError("broadcast_engine_weights: no weight group (open_weight_group / join_weight_group)")
+        version = self.weights_version()
+        try:
+            return version, broadcast_buckets(group, buckets, version)
+        except Exception:
+            self._weight_group = None  # a broken group is re-formed by the next sync
+            raise
+
     def _own_state(self) -> dict:
         return {"cov_rng": self._cov_generator.get_state(),
                 "entropy_rng": self._entropy_generator.get_state()}

@@ -1,9 +1,21 @@
-"""Learner -> env-runner weight sync with a version check (docs/design.md, "One training iteration")."""
+"""Learner -> env-runner weight sync with a version check (docs/design.md, "One training
+iteration", "Weight streaming")."""
 from __future__ import annotations
 
+import logging
+import uuid
+import weakref
 from typing import Any
 
-__all__ = ["sync_weights"]
+__all__ = ["sync_weights", "learner_manifest", "apply_on_runners", "check_versions", "collective_sync"]
+
+logger = logging.getLogger(__name__)
+
+#: Tag of this module's async runner calls (kept apart from any sampling requests).
+_TAG = "rllib_spear_weight_sync"
+#: env-runner group -> {"group_id", "size"} of its weight group; "auto" groups that could not be
+#: formed map to {"group_id": None} (the object store is used from then on).
+_GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def _learner_weights(learner_group: Any, sharding: str) -> dict[str, Any]:
@@ -11,23 +23,46 @@ def _learner_weights(learner_group: Any, sharding: str) -> dict[str, Any]:
 
     if sharding == "fsdp":
         # Every rank gathers its shards one tensor at a time; rank 0 returns the weights.
-        results = learner_group.foreach_learner(lambda learner: learner.engine_state())
-        errors = [r.get() for r in results.result_or_errors if not r.ok]
-        if errors:
-            raise errors[0]
-        return next(s for s in (r.get() for r in results.result_or_errors) if s is not None)
+        return _rank0_result(learner_group.foreach_learner(lambda learner: learner.engine_state()))
     return learner_group.get_state(components=COMPONENT_LEARNER + "/" + COMPONENT_RL_MODULE,
                                    inference_only=True)[COMPONENT_LEARNER]
 
 
-def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str) -> int:
-    """Push the learners' weights to every runner, check each runner's version, return it.
+def _rank0_result(results: Any) -> Any:
+    """The one non-None result of a ``foreach_learner`` (rank 0's), raising the first error."""
+    errors = [r.get() for r in results.result_or_errors if not r.ok]
+    if errors:
+        raise errors[0]
+    return next(s for s in (r.get() for r in results.result_or_errors) if s is not None)
 
-    RLlib's ``sync_weights`` is fire-and-forget with a cap on requests in flight, so a sync can
-    be silently dropped; here each runner applies the state (torch tensors, never RLlib's
-    float32-numpy conversion) synchronously and returns its WEIGHTS_SEQ_NO. A runner that
-    reports another version fails the step loudly.
-    """
+
+def check_versions(versions: list[int], expected: int) -> int:
+    """``expected`` when every runner reports it; else a RuntimeError naming the versions."""
+    if any(v != expected for v in versions):
+        raise RuntimeError(f"weight sync: runners report versions {versions}, expected {expected}")
+    return expected
+
+
+def _foreach_runner(env_runner_group: Any, fn) -> list:
+    if env_runner_group.num_remote_env_runners() == 0:
+        return [fn(env_runner_group.local_env_runner)]
+    return env_runner_group.foreach_env_runner(fn, local_env_runner=False)
+
+
+def learner_manifest(learner_group: Any, bucket_bytes: int) -> Any:
+    """Learner rank 0 puts the weights into the object store bucket by bucket (every rank takes
+    part under FSDP); returns its WeightManifest (refs and metadata: the driver never holds the
+    tensors). The learner keeps the refs until ``learner_group.foreach_learner(lambda l:
+    l.release_engine_weights())``."""
+    return _rank0_result(learner_group.foreach_learner(lambda learner: learner.put_engine_weights(bucket_bytes)))
+
+
+def apply_on_runners(env_runner_group: Any, manifest: Any) -> list[int]:
+    """Every runner streams the manifest's buckets into its engine; returns their versions."""
+    return _foreach_runner(env_runner_group, lambda runner, m=manifest: runner.apply_weight_manifest(m))
+
+
+def _sync_via_driver(learner_group: Any, env_runner_group: Any, sharding: str) -> int:
     import ray
     from ray.rllib.core import COMPONENT_RL_MODULE
     from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
@@ -46,6 +81,120 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str) -> in
             return runner.weights_version
 
         versions = env_runner_group.foreach_env_runner(apply, local_env_runner=False)
-    if any(v != expected for v in versions):
-        raise RuntimeError(f"weight sync: runners report versions {versions}, expected {expected}")
-    return expected
+    return check_versions(versions, expected)
+
+
+def _run_async_on_runners(env_runner_group: Any, fn, then) -> list:
+    """``fn`` on every healthy remote runner, without waiting; then ``then()`` here (the
+    sender's side, which needs the runners at the same time); then the runners' results."""
+    n = env_runner_group.foreach_env_runner_async(fn, tag=_TAG)
+    try:
+        then()
+    finally:
+        results = env_runner_group.fetch_ready_async_reqs(tags=_TAG, timeout_seconds=None) if n else []
+    return [r for _, r in results]
+
+
+def _form_group(learner_group: Any, env_runner_group: Any) -> dict:
+    """A new weight group of learner rank 0 and every healthy remote runner."""
+    n = env_runner_group.num_healthy_remote_env_runners()
+    group_id = f"weights-{uuid.uuid4().hex[:12]}"
+    host, port = _rank0_result(learner_group.foreach_learner(
+        lambda learner: learner.open_weight_group(group_id, n + 1)))
+
+    def join_sender():
+        results = learner_group.foreach_learner(lambda learner: learner.join_weight_group())
+        errors = [r.get() for r in results.result_or_errors if not r.ok]
+        if errors:
+            raise errors[0]
+
+    ranks = _run_async_on_runners(
+        env_runner_group, lambda runner: runner.join_weight_group(group_id, host, port, n + 1), join_sender)
+    if sorted(ranks) != list(range(1, n + 1)):
+        raise RuntimeError(f"weight group {group_id}: runner ranks {ranks}, expected 1..{n}")
+    logger.info("weight group %s formed: learner rank 0 and %d runners on %s:%d", group_id, n, host, port)
+    return {"group_id": group_id, "size": n}
+
+
+def collective_sync(learner_group: Any, env_runner_group: Any, bucket_bytes: int) -> tuple[list[int], int]:
+    """Transport "collective": (re-)form the weight group when its runners changed (a runner
+    restarted after a failure is in no group), then learner rank 0 broadcasts the buckets while
+    every runner receives and applies them; returns (the runners' versions, the sent version)."""
+    ids = env_runner_group.foreach_env_runner(lambda runner: runner.weight_group_id(), local_env_runner=False)
+    state = _GROUPS.get(env_runner_group)
+    if state is None or state["group_id"] is None or ids != [state["group_id"]] * len(ids) \
+            or len(ids) != state["size"]:
+        _GROUPS.pop(env_runner_group, None)
+        state = _GROUPS[env_runner_group] = _form_group(learner_group, env_runner_group)
+    try:
+        sent: list = []
+        versions = _run_async_on_runners(
+            env_runner_group, lambda runner: runner.receive_weight_broadcast(),
+            lambda: sent.append(_rank0_result(learner_group.foreach_learner(
+                lambda learner: learner.broadcast_engine_weights(bucket_bytes)))))
+    except Exception:
+        _GROUPS.pop(env_runner_group, None)  # re-form on the next sync
+        raise
+    if len(versions) != state["size"]:  # a member failed meanwhile: re-form the group next time
+        _GROUPS.pop(env_runner_group, None)
+        raise RuntimeError(f"weight group {state['group_id']}: {len(versions)} of {state['size']} runners answered")
+    return versions, int(sent[0][0])
+
+
+def _collective_possible(learner_group: Any, env_runner_group: Any) -> str:
+    """Why the collective transport cannot run here ("" when it can)."""
+    if env_runner_group.num_remote_env_runners() == 0:
+        return "the runner is the driver's local runner"
+    if env_runner_group.num_healthy_remote_env_runners() == 0:
+        return "no healthy remote runner"
+    return ""
+
+
+def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
+                 transport: str = "object_store", bucket_mb: float = 256) -> int:
+    """Push the learners' weights to every runner, check each runner's version, return it.
+
+    RLlib's ``sync_weights`` is fire-and-forget with a cap on requests in flight, so a sync can
+    be silently dropped; here each runner applies the weights (torch tensors, never RLlib's
+    float32-numpy conversion) synchronously and returns its WEIGHTS_SEQ_NO. A runner that
+    reports another version (e.g. it missed a bucket) fails the step loudly.
+
+    ``transport`` (docs/design.md "Weight streaming"): "object_store" (learner rank 0 puts one
+    Ray object per bucket of at most ``bucket_mb`` MB; runners fetch and apply them one at a
+    time), "collective" (learner rank 0 broadcasts the buckets over a gloo group of itself and
+    the runners), "auto" (collective when the group can be formed, else the object store) or
+    "driver" (the whole state through the driver, one object for all runners: the old path).
+    """
+    if transport == "driver":
+        return _sync_via_driver(learner_group, env_runner_group, sharding)
+    if transport not in ("object_store", "collective", "auto"):
+        raise ValueError("weight_sync_transport must be 'object_store', 'collective', 'auto' or 'driver', "
+                         f"got {transport!r}")
+    bucket_bytes = max(1, int(bucket_mb * 2**20))
+    if transport in ("collective", "auto"):
+        why = _collective_possible(learner_group, env_runner_group)
+        if why and transport == "collective":
+            raise ValueError(f"weight_sync_transport='collective' cannot run: {why}; use 'object_store' or 'auto'")
+        state = _GROUPS.get(env_runner_group)
+        if not why and not (transport == "auto" and state is not None and state["group_id"] is None):
+            try:
+                versions, expected = collective_sync(learner_group, env_runner_group, bucket_bytes)
+            except Exception as e:
+                if state is None and transport == "auto":
+                    logger.warning("weight_sync_transport='auto': the collective group could not be formed "
+                                   "(%s: %s); using the object store from now on", type(e).__name__, e)
+                    _GROUPS[env_runner_group] = {"group_id": None, "size": 0}
+                elif state is None:
+                    raise
+                else:  # a formed group broke (e.g. a runner died): this sync goes through the object
+                    # store; the next one re-forms the group with the healthy runners
+                    logger.warning("weight sync: the collective group failed (%s: %s); this sync uses the "
+                                   "object store", type(e).__name__, e)
+            else:
+                return check_versions(versions, expected)
+    manifest = learner_manifest(learner_group, bucket_bytes)
+    try:
+        versions = apply_on_runners(env_runner_group, manifest)
+    finally:
+        learner_group.foreach_learner(lambda learner: learner.release_engine_weights())
+    return check_versions(versions, manifest.version)

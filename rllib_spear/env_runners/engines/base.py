@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -67,6 +67,13 @@ class GenerationEngine(ABC):
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load new policy weights in place and set ``self.version = version``."""
+
+    def load_weights_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(name, tensor)`` pairs (any subset of the names, HF naming) in place, consuming
+        the iterable one tensor at a time, and leave ``self.version`` alone (the caller sets it
+        once the whole sync arrived: docs/design.md "Weight streaming"). This default collects
+        the pairs and calls ``update_weights``; the built-in engines stream."""
+        self.update_weights(dict(named_tensors), version=self.version)
 
     def shutdown(self) -> None:  # pragma: no cover - engines with resources override
         """Release engine resources."""

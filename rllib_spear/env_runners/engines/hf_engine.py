@@ -8,7 +8,7 @@ caps, seeded sampling, and rows leave the batch (and its KV cache) as soon as th
 from __future__ import annotations
 
 import random
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -220,13 +220,26 @@ class HFEngine(GenerationEngine):
         unknown = [k for k in state_dict if k not in params]
         if unknown:
             raise KeyError(f"update_weights: unknown parameter names {unknown[:5]}")
-        for k, v in state_dict.items():
+        self._copy_in(state_dict.items(), params)
+        self.version = int(version)
+
+    @torch.no_grad()
+    def load_weights_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy each ``(name, tensor)`` into the model in place as it comes (a subset of the
+        names is fine; an unknown name raises); the version is left alone."""
+        self._copy_in(named_tensors, self.model.state_dict(keep_vars=True))
+
+    @staticmethod
+    def _copy_in(items: Iterable[tuple[str, torch.Tensor]], params: Mapping[str, torch.Tensor]) -> None:
+        for k, v in items:
+            dst = params.get(k)
+            if dst is None:
+                raise KeyError(f"update_weights: unknown parameter name {k!r}")
             t = torch.as_tensor(v) if not isinstance(v, torch.Tensor) else v
-            dst = params[k]
             if dst.shape != t.shape:
                 raise ValueError(f"update_weights: {k} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
             dst.copy_(t.to(device=dst.device, dtype=dst.dtype))
-        self.version = int(version)
+            del v, t  # a stream's next bucket arrives before the loop rebinds them: free this one
 
     def shutdown(self) -> None:
         self.model = None

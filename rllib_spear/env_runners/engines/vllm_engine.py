@@ -18,7 +18,7 @@ import logging
 import os
 import random
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -291,11 +291,24 @@ class VLLMEngine(GenerationEngine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load HF-named weights in place (any dtype; vLLM casts), then re-pack the tied head on
         CPU and reset the prefix cache. Sets ``self.version``."""
-        items = [
-            (k, v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v))
-            for k, v in state_dict.items()
-            if not (self.tie_word_embeddings and k == "lm_head.weight")
-        ]
+        self._load(list(self._items(state_dict.items())))
+        self.version = int(version)
+
+    def load_weights_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """One in-place load over a stream of HF-named tensors, consumed lazily by the weight
+        loader when the engine runs in this process (else collected first), then the same tied
+        head re-pack and prefix-cache reset as ``update_weights``; the version is left alone."""
+        items = self._items(named_tensors)
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+            items = list(items)  # an engine-core subprocess gets the arguments pickled
+        self._load(items)
+
+    def _items(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for k, v in pairs:
+            if not (self.tie_word_embeddings and k == "lm_head.weight"):
+                yield k, (v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v))
+
+    def _load(self, items) -> None:
         if self.update_method == "reload":
             self.llm.collective_rpc(_reload, args=(items,))
         else:
@@ -303,7 +316,6 @@ class VLLMEngine(GenerationEngine):
         if self.on_cpu and self.tie_word_embeddings:
             self.llm.collective_rpc(_repack_lm_head)
         self.llm.reset_prefix_cache()
-        self.version = int(version)
 
     def shutdown(self) -> None:
         llm = getattr(self, "llm", None)

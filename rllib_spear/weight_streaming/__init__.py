@@ -1,0 +1,14 @@
+"""Streaming weight sync from the learner to the engines, in buckets of bounded size
+(docs/design.md "Weight streaming"): ``buckets`` packs them, ``object_store`` ships them as one
+Ray object per bucket, ``collective`` broadcasts them over a gloo group of the sender and the
+runners, ``receiver`` applies them on a runner's engine."""
+from .buckets import Bucket, BucketMeta, TensorSpec, iter_buckets, pack_bucket, unpack_bucket
+from .object_store import WeightManifest, iter_manifest_tensors, manifest_complete, put_buckets
+from .receiver import apply_manifest
+
+__all__ = ["Bucket", "BucketMeta", "TensorSpec", "iter_buckets", "pack_bucket", "unpack_bucket",
+           "WeightManifest", "put_buckets", "iter_manifest_tensors", "manifest_complete", "apply_manifest",
+           "TRANSPORTS"]
+
+#: Values of ``learners(weight_sync_transport=...)``.
+TRANSPORTS = ("object_store", "collective", "auto", "driver")

@@ -1,0 +1,254 @@
+"""Unit tests of the weight-stream buckets, the manifest receiver and the engines' streamed
+loads (no Ray: the object store is replaced by a dict; docs/design.md "Weight streaming")."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rllib_spear.weight_streaming import (
+    apply_manifest, iter_buckets, iter_manifest_tensors, manifest_complete, put_buckets, unpack_bucket,
+)
+
+
+def _named(sizes, dtypes=None):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i, n in enumerate(sizes):
+        dt = (dtypes or [torch.float32] * len(sizes))[i]
+        out.append((f"t{i}", torch.randn(n, generator=g).to(dt)))
+    return out
+
+
+def test_buckets_keep_order_names_and_bounds():
+    named = _named([10, 20, 30, 5, 40, 1], [torch.float32, torch.bfloat16, torch.float32,
+                                            torch.float16, torch.float32, torch.bfloat16])
+    bound = 100  # bytes
+    buckets = list(iter_buckets(iter(named), bound))
+    # names in order, each once, across the buckets
+    assert [n for b in buckets for n in b.meta.names] == [n for n, _ in named]
+    assert [b.meta.index for b in buckets] == list(range(len(buckets)))
+    for b in buckets:
+        assert b.meta.nbytes <= bound or len(b.meta.tensors) == 1
+        assert {dt: buf.numel() for dt, buf in b.buffers.items()} == b.meta.buffer_bytes
+        assert all(buf.dtype == torch.uint8 for buf in b.buffers.values())
+    # greedy: a bucket is closed only when the next tensor would not fit
+    sizes = [t.numel() * t.element_size() for _, t in named]
+    expect, cur, cur_n = [], [], 0
+    for i, n in enumerate(sizes):
+        if cur and cur_n + n > bound:
+            expect.append(cur)
+            cur, cur_n = [], 0
+        cur.append(f"t{i}")
+        cur_n += n
+    expect.append(cur)
+    assert [b.meta.names for b in buckets] == expect
+    # exact round trip, dtypes and shapes kept
+    got = dict(kv for b in buckets for kv in unpack_bucket(b.meta, b.buffers))
+    for n, t in named:
+        assert got[n].dtype == t.dtype and got[n].shape == t.shape
+        assert torch.equal(got[n], t)
+
+
+def test_tensor_larger_than_bucket_goes_alone():
+    named = [("small", torch.ones(2)), ("big", torch.arange(100.0).reshape(10, 10)), ("s2", torch.zeros(3)),
+             ("scalar", torch.tensor(7.0))]
+    buckets = list(iter_buckets(named, 16))  # 4 float32
+    assert [b.meta.names for b in buckets] == [["small"], ["big"], ["s2", "scalar"]]  # 12 + 4 bytes fit
+    assert buckets[1].meta.nbytes == 400
+    got = dict(kv for b in buckets for kv in unpack_bucket(b.meta, b.buffers))
+    assert torch.equal(got["big"], named[1][1]) and got["scalar"].shape == ()
+
+
+def test_none_tensors_are_consumed_and_bad_bound_raises():
+    assert list(iter_buckets([("a", None), ("b", None)], 10)) == []
+    with pytest.raises(ValueError):
+        next(iter_buckets([("a", torch.ones(1))], 0))
+
+
+def _store():
+    objects = {}
+
+    def put(value):
+        key = len(objects)
+        objects[key] = value
+        return key
+
+    return objects, put, objects.__getitem__
+
+
+class _RecordingEngine:
+    version = 3
+
+    def __init__(self):
+        self.loaded = {}
+
+    def load_weights_stream(self, pairs):
+        for k, v in pairs:
+            self.loaded[k] = v.clone()
+
+
+def test_manifest_applies_every_bucket_then_sets_the_version():
+    named = _named([8, 8, 8, 8])
+    objects, put, get = _store()
+    man = put_buckets(iter_buckets(named, 64), version=7, put=put)
+    assert man.num_buckets == 2 and len(objects) == 2 and man.version == 7
+    eng = _RecordingEngine()
+    assert apply_manifest(eng, man, fetch=get)
+    assert eng.version == 7
+    assert all(torch.equal(eng.loaded[n], t) for n, t in named)
+
+
+def test_dropped_bucket_keeps_the_old_version():
+    named = _named([8, 8, 8, 8])
+    _, put, get = _store()
+    man = put_buckets(iter_buckets(named, 64), version=7, put=put)
+    man.refs[1] = None
+    eng = _RecordingEngine()
+    assert not apply_manifest(eng, man, fetch=get)
+    assert eng.version == 3
+    applied = []
+    list(iter_manifest_tensors(man, applied, fetch=get))
+    assert applied == [0] and not manifest_complete(man, applied)
+
+
+def test_hf_engine_streamed_load_matches_a_full_update(tmp_path):
+    from rllib_spear.env_runners.engines.hf_engine import HFEngine
+    from rllib_spear.models.factory import tiny_model_path
+
+    path = tiny_model_path(tmp_path / "tiny")
+    eng = HFEngine(path)
+    new = {k: torch.randn_like(v) for k, v in eng.model.state_dict().items() if k != "lm_head.weight"}
+    _, put, get = _store()
+    biggest = max(v.numel() * v.element_size() for v in new.values())
+    man = put_buckets(iter_buckets(new.items(), biggest // 3), version=5, put=put)  # some tensors alone
+    assert man.num_buckets > 1
+    assert apply_manifest(eng, man, fetch=get) and eng.version == 5
+    sd = eng.model.state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in new.items())
+    if eng.model.config.tie_word_embeddings:
+        assert torch.equal(sd["lm_head.weight"], new["model.embed_tokens.weight"])
+    with pytest.raises(KeyError):
+        eng.load_weights_stream(iter([("no.such.weight", torch.ones(1))]))
+    # the full-dict update keeps its behaviour (unknown names raise before anything is copied)
+    with pytest.raises(KeyError):
+        eng.update_weights({"no.such.weight": torch.ones(1)}, version=6)
+    assert eng.version == 5
+
+
+def _run_group(n_receivers, sender_fn, receiver_fn, group_id="g"):
+    """Run a sender and ``n_receivers`` receivers of one weight group in threads."""
+    import threading
+
+    from rllib_spear.weight_streaming.collective import join_group, open_store
+
+    store, host, port = open_store(n_receivers + 1, timeout_s=60)
+    out, errors = {}, []
+
+    def member(rank):
+        try:
+            if rank == 0:
+                out[0] = sender_fn(join_group(group_id, n_receivers + 1, store=store, timeout_s=60))
+            else:
+                g = join_group(group_id, n_receivers + 1, host=host, port=port, timeout_s=60)
+                out[g.rank] = receiver_fn(g)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(n_receivers + 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+def test_collective_broadcast_gives_every_receiver_the_weights():
+    from rllib_spear.weight_streaming.collective import broadcast_buckets
+    from rllib_spear.weight_streaming.receiver import receive_broadcast
+
+    named = _named([8, 300, 8, 0, 1], [torch.float32, torch.bfloat16, torch.float16, torch.float32,
+                                       torch.float32])
+    engines = {1: _RecordingEngine(), 2: _RecordingEngine()}
+    out = _run_group(2, lambda g: broadcast_buckets(g, iter_buckets(named, 40), version=9),
+                     lambda g: receive_broadcast(engines[g.rank], g))
+    assert out[0] > 1  # several buckets
+    assert out[1] == out[2] == (True, 9)
+    for eng in engines.values():
+        assert eng.version == 9
+        assert set(eng.loaded) == {n for n, _ in named}
+        assert all(torch.equal(eng.loaded[n], t) and eng.loaded[n].dtype == t.dtype for n, t in named)
+
+
+def test_collective_receiver_whose_loader_stops_early_stays_in_step_and_keeps_its_version():
+    from rllib_spear.weight_streaming.collective import broadcast_buckets
+    from rllib_spear.weight_streaming.receiver import receive_broadcast
+
+    class Failing(_RecordingEngine):
+        def load_weights_stream(self, pairs):
+            for k, v in pairs:
+                raise RuntimeError("loader failed")
+
+    named = _named([8, 8, 8])
+    failing, ok = Failing(), _RecordingEngine()
+
+    def recv(g):
+        eng = failing if g.rank == 1 else ok
+        try:
+            return receive_broadcast(eng, g)
+        except RuntimeError as e:
+            return str(e)
+
+    out = _run_group(2, lambda g: broadcast_buckets(g, iter_buckets(named, 32), version=4), recv)
+    assert out[1] == "loader failed" and failing.version == 3
+    assert out[2] == (True, 4) and ok.version == 4
+
+
+@pytest.mark.parametrize("learners, ok", [
+    ({}, True),
+    ({"weight_sync_transport": "collective", "weight_sync_bucket_mb": 0.5}, True),
+    ({"weight_sync_transport": "driver"}, True),
+    ({"weight_sync_transport": "nccl"}, False),
+    ({"weight_sync_bucket_mb": 0}, False),
+    ({"weight_sync_bucket_mb": -3}, False),
+    ({"weight_sync_bucket_mb": True}, False),
+])
+def test_weight_sync_knobs_validate(learners, ok):
+    from rllib_spear.algorithms.grpo.config import GRPOConfig
+
+    cfg = GRPOConfig().learners(**learners).rl_module(model_config={"model_path": "embedded"})
+    for k, v in learners.items():
+        assert getattr(cfg, k) == v and cfg.to_dict()[k] == v
+    if ok:
+        cfg.validate()
+    else:
+        with pytest.raises(ValueError, match=next(iter(learners))):
+            cfg.validate()
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}])
+def test_learner_stream_equals_its_inference_state(lora):
+    """The learner's weight stream (no Ray: a local learner) is its module's inference state:
+    same names in the same order, same tensors (LoRA: merged), tied head left out."""
+    from rllib_spear import GRPOConfig
+    from rllib_spear.algorithms.grpo.defaults import PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE
+    from rllib_spear.models.factory import tiny_model_path
+
+    mc = {"model_path": tiny_model_path(), **({"lora": lora} if lora else {})}
+    spaces = (PLACEHOLDER_OBS_SPACE, PLACEHOLDER_ACTION_SPACE)
+    learner = GRPOConfig().rl_module(model_config=mc).build_learner(
+        spaces={"default_policy": spaces, "__env__": spaces})
+    rlm = learner.module["default_policy"].unwrapped()
+    if lora:  # non-zero adapters, so that the merge matters
+        with torch.no_grad():
+            for n, p in rlm.model.named_parameters():
+                if "lora_B" in n:
+                    p.fill_(0.01)
+    want = rlm.get_state(inference_only=True)
+    got = list(learner.iter_engine_weights())
+    assert [k for k, _ in got] == list(want)
+    assert "lm_head.weight" not in dict(got)
+    assert all(torch.equal(v, want[k]) for k, v in got)
+    assert learner.weights_version() == 0
+    packed = dict(kv for b in iter_buckets(iter(got), 2**16) for kv in unpack_bucket(b.meta, b.buffers))
+    assert all(torch.equal(packed[k], want[k]) for k in want)
