@@ -150,9 +150,10 @@ class GRPOConfig(AlgorithmConfig):
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
         """The core loss config of on-policy (or, with ``replay``, SIL) updates (not validated:
         ``validate()`` does that, naming the ``training()`` kwargs). ``tis_cap``: None = 2.0 on
-        the vllm engine and off on hf; 0 = off on every engine."""
+        the vllm engine or with ``rollout_pipeline="one_step_off"`` (behaviour log-probs one update
+        old, docs/design.md "Rollout pipelining"), else off; 0 = off everywhere."""
         tis = self.tis_cap
-        if tis is None and self.engine == "vllm":
+        if tis is None and (self.engine == "vllm" or self.rollout_pipeline == "one_step_off"):
             tis = 2.0
         if replay:  # SIL (2.3): the ratio pi_theta / pi_behaviour uses stored log-probs, no engine term
             tis = None
@@ -241,7 +242,8 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`weight_decay` must be a number >= 0, got {self.weight_decay!r}")
         tis = self.tis_cap
         if tis is not None and (isinstance(tis, bool) or not isinstance(tis, (int, float)) or tis < 0):
-            err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm, off on hf), got {tis!r}")
+            err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm or one_step_off, else off), got {tis!r}")
+        self._check_rollout_pipeline(err)
         # The loss knobs are checked by the core loss config itself, for the on-policy and the
         # replay loss alike: one source of truth, and what passes here cannot fail in the learner.
         for replay in (False, True):
@@ -289,6 +291,24 @@ class GRPOConfig(AlgorithmConfig):
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
             err(f"`weight_sync_bucket_mb` (learners()) must be a number > 0, got {mb!r}")
         self._warn_on_cold_start_call_format()
+
+    def _check_rollout_pipeline(self, err) -> None:
+        """``rollout_pipeline`` / ``max_policy_lag`` (docs/design.md "Rollout pipelining")."""
+        if self.rollout_pipeline not in ("sync", "one_step_off"):
+            err(f"`rollout_pipeline` must be 'sync' or 'one_step_off' (.training(rollout_pipeline=...)), "
+                f"got {self.rollout_pipeline!r}")
+        lag = self.max_policy_lag
+        if not isinstance(lag, (int, np.integer)) or isinstance(lag, bool) or lag < 0:
+            err(f"`max_policy_lag` must be an integer >= 0, got {lag!r}")
+        if self.rollout_pipeline != "one_step_off" or self.in_evaluation:  # evaluation never pipelines
+            return
+        if self.num_env_runners < 1:
+            err("`rollout_pipeline='one_step_off'` samples on remote env runners while the learners train: "
+                f"set .env_runners(num_env_runners=1 or more) (got {self.num_env_runners}), or use "
+                "rollout_pipeline='sync'")
+        if lag < 1:
+            err("`max_policy_lag` must be >= 1 with rollout_pipeline='one_step_off' (every batch after the "
+                f"first is one update old, so {lag} would drop them all), or use rollout_pipeline='sync'")
 
     def _warn_on_cold_start_call_format(self) -> None:
         """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);

@@ -36,7 +36,7 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "clip_cov_ub": 5.0,
     "kl_cov_ratio": 2e-4,
     "kl_cov_coef": 0.1,
-    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm), 0 = off
+    "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm or one_step_off), 0 = off
     "entropy_coeff": 0.0,
     "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
     "kl_estimator": "k3",
@@ -50,6 +50,10 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "micro_batch_token_budget": 8192,
     "lr_warmup_steps": 0,
     "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
+    # rollout pipelining (docs/design.md "Rollout pipelining"): "sync" samples, then trains;
+    # "one_step_off" samples the next batch while the learners train on this one (lag 1 update).
+    "rollout_pipeline": "sync",
+    "max_policy_lag": 1,  # one_step_off: groups sampled more than this many updates ago are dropped
     # torch CPU threads in the learner and env-runner processes. None keeps Ray's setting
     # (OMP_NUM_THREADS = the actor's num_cpus, usually 1). Sampling and learning alternate, so on
     # a CPU-only machine each phase can use every core: set it to the core count there.

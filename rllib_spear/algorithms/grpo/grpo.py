@@ -3,7 +3,9 @@
 One ``training_step`` (docs/algorithms.md 1-3; the pieces are registered in rllib_spear/recipe and
 named by the config):
  1. draw ``tasks_per_iteration`` tasks (checkpointed position), sample G trajectories per task
-    on the healthy LLMEnvRunners; ``TrajectoryCallback.on_trajectories`` sees the batch;
+    on the healthy LLMEnvRunners (``rollout_pipeline="one_step_off"``: collect the batch launched
+    last iteration and launch the next one, pipeline.py); ``TrajectoryCallback.on_trajectories``
+    sees the batch;
  2. reward shapers (SPEAR tool bonus, SPADER diversity reward, user reward functions);
  3. the advantage estimator, grouped by uid (GRPO outcome / SPADER step-wise peer);
  4. response filters zero masks; the group-std filter drops the flattest groups;
@@ -31,6 +33,7 @@ from ...core.trajectory import Trajectory
 from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
 from ...recipe.recipe import Metrics
 from .config import DrBoTConfig, GRPOConfig
+from .pipeline import OneStepOffPipeline
 from .rollouts import sample_groups
 from .weight_sync import sync_weights
 
@@ -68,18 +71,25 @@ class GRPO(Algorithm):
         self.algo_step = 0  # t of docs/algorithms.md (completed training steps)
         self._rng = np.random.default_rng((config.seed or 0) + 17)
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
+        self._pipeline = (OneStepOffPipeline(config.max_policy_lag)
+                          if config.rollout_pipeline == "one_step_off" else None)
         self.sync_weights()
 
     @property
     def pad_token_id(self) -> int:
         return 0
 
+    @property
+    def policy_version(self) -> int:
+        """The learners' weights version (WEIGHTS_SEQ_NO: one per ``learner_group.update``)."""
+        return self._policy_version
+
     # ------------------------------------------------------------------ training step
     def training_step(self) -> None:
         cfg: GRPOConfig = self.config
         step = self.algo_step + 1
         t0 = time.perf_counter()
-        trajs, runner_stats = self.sample(self.task_sampler.next(cfg.tasks_per_iteration))
+        trajs, runner_stats = self.next_batch(cfg.tasks_per_iteration)
         run_trajectory_callbacks(self, trajs, runner_stats, step)
         t_sample = time.perf_counter() - t0
         if not trajs:
@@ -108,6 +118,35 @@ class GRPO(Algorithm):
         self.metrics.log_value("algo_step", step, window=1)
 
     # ------------------------------------------------------------------ pieces
+    def next_batch(self, num_tasks: int) -> tuple[list[Trajectory], list[dict]]:
+        """This iteration's batch. "sync": ``num_tasks`` new tasks sampled now. "one_step_off":
+        the batch launched last iteration (launched now on a start or after a restore), then the
+        next iteration's request goes out, so the runners sample it during this update."""
+        if self._pipeline is None:
+            return self.sample(self.task_sampler.next(num_tasks))
+        if not self._pipeline.in_flight:
+            self._launch_sample(num_tasks)
+        got = self._pipeline.collect(self.env_runner_group, step=self.algo_step)
+        self._sampled_version = self._policy_version  # the lag metrics count against the learners
+        self._launch_sample(num_tasks)
+        if got.lost:
+            self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
+        self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
+        return got.trajectories, got.runner_stats
+
+    def _launch_sample(self, num_tasks: int) -> None:
+        """The one_step_off request of the next ``num_tasks`` tasks, on the runners' weights now."""
+        before = self.task_sampler.get_state()
+
+        def resync() -> int:
+            self.sync_weights()
+            return self._policy_version
+
+        self._pipeline.launch(self.env_runner_group, self.task_sampler.next(num_tasks), int(self.config.group_size),
+                              step=self.algo_step, version=self._policy_version, sampler_state=before,
+                              resync=resync)
+
     def sample(self, tasks: list[dict], group_size: int | None = None) -> tuple[list[Trajectory], list[dict]]:
         """G = ``group_size`` (default ``config.group_size``) trajectories per task, whole groups only."""
         version = self._sampled_version = self._policy_version
@@ -223,6 +262,8 @@ class GRPO(Algorithm):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        if getattr(self, "_pipeline", None) is not None:
+            self._pipeline.drop(self.env_runner_group)  # the restored run samples fresh
         super().set_state(state)
         if _STATE_KEY in state:
             self._set_extra_state(state[_STATE_KEY])
@@ -232,7 +273,8 @@ class GRPO(Algorithm):
     def _extra_state(self) -> dict[str, Any]:
         return {
             "algo_step": self.algo_step,
-            "task_sampler": self.task_sampler.get_state(),
+            "task_sampler": (self.task_sampler.get_state() if self._pipeline is None
+                             else self._pipeline.checkpoint_sampler_state(self.task_sampler)),
             "rng": self._rng.bit_generator.state,
             "policy_version": self._policy_version,
             **self.recipe.get_state(),

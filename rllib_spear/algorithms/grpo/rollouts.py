@@ -1,4 +1,9 @@
-"""Driver side of sampling: split tasks over the healthy LLMEnvRunners, gather whole groups."""
+"""Driver side of sampling: split tasks over the healthy LLMEnvRunners, gather whole groups.
+
+``sample_groups`` is the synchronous path (``rollout_pipeline="sync"``); the pieces below it are
+shared with the one-step-off pipeline (``pipeline.py``), which sends the same requests
+asynchronously.
+"""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -6,7 +11,39 @@ from typing import Any, Callable
 
 from ...core.trajectory import Trajectory
 
-__all__ = ["sample_groups"]
+__all__ = ["sample_groups", "healthy_runner_ids", "sample_requests", "whole_groups"]
+
+
+def healthy_runner_ids(group: Any, resync: Callable[[], int]) -> tuple[list[int], int | None]:
+    """(ids of the healthy remote runners, the version ``resync()`` returned or None).
+
+    When every runner is down, RLlib's probe restarts them and ``resync()`` brings them to the
+    current weights first (returning that version), since a restarted runner holds the initial
+    weights."""
+    ids = group.healthy_env_runner_ids()
+    version = None
+    if not ids and group.probe_unhealthy_env_runners():
+        version = resync()
+        ids = group.healthy_env_runner_ids()
+    return ids, version
+
+
+def sample_requests(ids: list[int], tasks: list[dict], group_size: int,
+                    version: int) -> list[tuple[int, Callable]]:
+    """[(runner id, fn(runner) -> its ``sample_groups`` result)]: ``tasks`` dealt round-robin."""
+    shares = [tasks[i::len(ids)] for i in range(len(ids))] if ids else []
+    return [(i, (lambda r, s=s: r.sample_groups(tasks=s, group_size=group_size, policy_version=version)))
+            for i, s in zip(ids, shares) if s]
+
+
+def whole_groups(results: list[dict], group_size: int) -> list[Trajectory]:
+    """The trajectories of the runner results whose group came back complete: a group split by a
+    runner failure would bias its baseline."""
+    trajs = [t for r in results for t in r["trajectories"]]
+    counts: dict[str, int] = defaultdict(int)
+    for t in trajs:
+        counts[t.uid] += 1
+    return [t for t in trajs if counts[t.uid] == group_size]
 
 
 def sample_groups(group: Any, tasks: list[dict], group_size: int, version: int,
@@ -14,28 +51,17 @@ def sample_groups(group: Any, tasks: list[dict], group_size: int, version: int,
     """(trajectories, runner stats, number of runner results lost) for ``tasks``, G = ``group_size``
     episodes each, sampled with weights ``version``.
 
-    With no remote runners the local runner samples. When every runner is down, RLlib's probe
-    restarts them and ``resync()`` brings them to the current weights first (returning that
-    version), since a restarted runner holds the initial weights. Only whole groups are kept:
-    a group split by a runner failure would bias its baseline.
+    With no remote runners the local runner samples. Otherwise the healthy runners
+    (:func:`healthy_runner_ids`) share the tasks; only whole groups are kept.
     """
     if group.num_remote_env_runners() == 0:
         out = group.local_env_runner.sample_groups(tasks=tasks, group_size=group_size, policy_version=version)
         return list(out["trajectories"]), [out["stats"]], 0
-    ids = group.healthy_env_runner_ids()
-    if not ids and group.probe_unhealthy_env_runners():
-        version = resync()
-        ids = group.healthy_env_runner_ids()
+    ids, resynced = healthy_runner_ids(group, resync)
     if not ids:
         return [], [], 0
-    shares = [tasks[i::len(ids)] for i in range(len(ids))]
-    work = [(i, (lambda r, s=s: r.sample_groups(tasks=s, group_size=group_size, policy_version=version)))
-            for i, s in zip(ids, shares) if s]
+    version = version if resynced is None else resynced
+    work = sample_requests(ids, tasks, group_size, version)
     results = group.foreach_env_runner([f for _, f in work], local_env_runner=False,
                                        remote_worker_ids=[i for i, _ in work])
-    trajs = [t for r in results for t in r["trajectories"]]
-    counts: dict[str, int] = defaultdict(int)
-    for t in trajs:
-        counts[t.uid] += 1
-    trajs = [t for t in trajs if counts[t.uid] == group_size]
-    return trajs, [r["stats"] for r in results], len(work) - len(results)
+    return whole_groups(results, group_size), [r["stats"] for r in results], len(work) - len(results)
