@@ -32,18 +32,9 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def model_path_of(name: str) -> str:
-    if name == "tiny":
-        from rllib_spear.models.factory import tiny_model_path
-
-        return tiny_model_path()
-    if name == "embedded":
-        from rllib_spear.coldstart import default_policy_path
-
-        return default_policy_path()
-    return name
+from rollout_throughput import model_path_of  # noqa: E402  (one resolver of --model names)
 
 
 def build(mode: str, a: argparse.Namespace, model_path: str):
