@@ -4,6 +4,7 @@
     rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
     rllib-spear export results/spear_cpu_demo/<trial>/checkpoint_000010 exported_model/
     rllib-spear plan configs/spear_qwen2.5_7b_search.yaml --gpu-memory-gb 80
+    rllib-spear convert-corpus wiki-18.jsonl.gz data/wiki18.parquet
 
 YAML layout: ``algorithm`` (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), ``stop``
 (Tune stop criteria), optional ``name``, ``storage_path``, ``checkpoint_freq``, ``num_samples``,
@@ -246,6 +247,27 @@ def _plan(args: argparse.Namespace) -> int:
     return 1 if plan.fits is False else 0
 
 
+def _convert_corpus(args: argparse.Namespace) -> int:
+    """Stream a wiki-18 style JSONL into a corpus parquet (rllib_spear/envs/corpus.py,
+    docs/retrieval.md); exit 2 on a bad line (it names the line) or a bad file."""
+    from rllib_spear.envs.corpus import convert_corpus
+
+    try:
+        stats = convert_corpus(args.src, args.out, limit=args.limit, skip_bad=args.skip_bad,
+                               row_group_size=args.row_group_size, progress_every_s=args.progress_s)
+    except ValueError as e:
+        print(f"convert-corpus: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {stats.written} passages to {args.out} ({stats.lines} lines read, {stats.skipped} bad "
+          f"lines skipped, {stats.blank} blank; {stats.seconds:.1f}s, "
+          f"{stats.lines / max(stats.seconds, 1e-9):,.0f} lines/s)")
+    for lineno, reason in stats.bad:
+        print(f"  skipped line {lineno}: {reason}")
+    if stats.skipped > len(stats.bad):
+        print(f"  ... and {stats.skipped - len(stats.bad)} more")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rllib-spear", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -276,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="memory of one learner GPU in GiB (learners.gpu_memory_gb; engines too unless "
                         "env_runners.engine_gpu_memory_gb is set)")
     m.set_defaults(func=_plan)
+    c = sub.add_parser("convert-corpus", help="stream a wiki-18 JSONL (.jsonl or .jsonl.gz) into a corpus parquet")
+    c.add_argument("src", help="JSONL: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"} (wiki-18) or {\"id\", \"title\", \"text\"}")
+    c.add_argument("out", help="the corpus parquet to write (columns id, title, text)")
+    c.add_argument("--limit", type=int, default=None, help="stop after N passages (a sample)")
+    c.add_argument("--skip-bad", action="store_true", help="skip and count bad lines instead of stopping at the first")
+    c.add_argument("--row-group-size", type=int, default=4096, help="rows per parquet row group (default 4096)")
+    c.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (0: none)")
+    c.set_defaults(func=_convert_corpus)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

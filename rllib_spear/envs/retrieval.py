@@ -3,12 +3,15 @@ result formatting with a character budget.
 
 Corpus: a parquet file with string columns ``id``, ``title``, ``text`` (read with pyarrow).
 
-:class:`BM25Retriever` uses ``bm25s`` (BM25, Lucene variant, k1=1.5, b=0.75, English stopwords, no
-stemming). The index is built once per corpus file and cached on disk under
-``<cache>/bm25/<key>/`` where ``<cache>`` is ``$RLLIB_SPEAR_CACHE`` (default
-``~/.cache/rllib_spear``) and ``<key>`` hashes the corpus bytes and the BM25 parameters; a
-process-wide cache (:func:`get_retriever`) shares one loaded index between every environment
-instance of the process. Search only reads the index, so it is safe from many threads.
+:class:`BM25Retriever` scores as ``bm25s`` does (BM25, Lucene variant, k1=1.5, b=0.75, English
+stopwords, no stemming; ``envs/bm25_index.py``). The index is built once per corpus file by
+streaming the parquet in batches, saved as ``.npy`` files under ``<cache>/bm25/<key>/`` where
+``<cache>`` is ``$RLLIB_SPEAR_CACHE`` (default ``~/.cache/rllib_spear``) and ``<key>`` hashes the
+corpus bytes and the BM25 parameters, and memory-mapped on load, so the processes of a machine
+share one copy; passage text is read from the parquet only for the hits (``envs/corpus.py``). A
+process-wide cache (:func:`get_retriever`) shares one retriever between every environment instance
+of the process. Search only reads the index, so it is safe from many threads. docs/retrieval.md
+covers wiki-18.
 
 :class:`HTTPRetriever` talks to a Search-R1 style server: ``POST {url}`` (normally
 ``http://host:8000/retrieve``) with ``{"queries": [...], "topk": k, "return_scores": false}``; the
@@ -23,20 +26,28 @@ does not fit (released SPADER server, docs/algorithms.md 3.4).
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
+
+from rllib_spear.envs.bm25_index import BM25_VARIANTS, INDEX_FORMAT, BM25Index, build_index, print_progress
+from rllib_spear.envs.corpus import CorpusRows, iter_corpus_batches, split_contents, unquote_title
 
 __all__ = [
     "Passage",
@@ -71,29 +82,16 @@ class Passage:
 
 
 def load_corpus(path: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
-    """Read (ids, titles, texts) from a parquet corpus; ValueError names the file, row and column
-    of the first bad value."""
-    import pyarrow.parquet as pq
-
-    path = str(path)
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # noqa: BLE001 - re-raised with the file name
-        raise ValueError(f"{path}: cannot read parquet corpus: {e}") from e
-    cols = {}
-    for c in ("id", "title", "text"):
-        if c not in table.column_names:
-            raise ValueError(f"{path}: corpus is missing column {c!r} (has {table.column_names})")
-        vals = table.column(c).to_pylist()
-        for i, v in enumerate(vals):
-            if c == "id" and isinstance(v, int) and not isinstance(v, bool):
-                vals[i] = v = str(v)
-            if not isinstance(v, str) or (c != "title" and not v.strip()):
-                raise ValueError(f"{path}: row {i}, column {c!r}: expected a non-empty string, got {v!r}")
-        cols[c] = vals
-    if not cols["id"]:
-        raise ValueError(f"{path}: corpus is empty")
-    return cols["id"], cols["title"], cols["text"]
+    """Read (ids, titles, texts) from a parquet corpus into memory; ValueError names the file, row
+    and column of the first bad value. Small corpora only: :class:`BM25Retriever` streams."""
+    ids: list[str] = []
+    titles: list[str] = []
+    texts: list[str] = []
+    for _, i, t, x in iter_corpus_batches(path):
+        ids += i
+        titles += t
+        texts += x
+    return ids, titles, texts
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -105,61 +103,136 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-class BM25Retriever:
-    """BM25 (bm25s) over a parquet corpus, index cached on disk. Thread-safe to search."""
+def _corpus_sha256(path: Path, root: Path) -> str:
+    """:func:`file_sha256` of the corpus, remembered under ``root/sha256/`` per (path, size,
+    mtime): hashing a 10 GB wiki-18 parquet in every env runner would add seconds to each start."""
+    st = path.stat()
+    memo = root / "sha256" / hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:32]
+    try:
+        sha = memo.read_text().strip()
+        if len(sha) == 64:
+            return sha
+    except OSError:
+        pass
+    sha = file_sha256(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f"{memo.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(sha)
+        os.replace(tmp, memo)
+    except OSError:
+        pass  # read-only cache: hash again next time
+    return sha
 
-    def __init__(self, corpus_path: str | os.PathLike, *, k1: float = 1.5, b: float = 0.75,
-                 method: str = "lucene", cache_dir: str | os.PathLike | None = None):
-        import bm25s
 
-        self.corpus_path = str(Path(corpus_path).resolve())
-        self.ids, self.titles, self.texts = load_corpus(self.corpus_path)
-        params = {"k1": k1, "b": b, "method": method, "stopwords": "en", "bm25s": bm25s.__version__,
-                  "fmt": 1}
-        key = hashlib.sha256(
-            (file_sha256(self.corpus_path) + json.dumps(params, sort_keys=True)).encode()
-        ).hexdigest()[:20]
-        root = Path(cache_dir) if cache_dir else cache_root() / "bm25"
-        self.index_dir = root / key
-        self._stopwords = "en"
-        if (self.index_dir / "params.index.json").exists():
-            try:
-                self._bm25 = bm25s.BM25.load(str(self.index_dir), load_corpus=False, show_progress=False)
-                self.built = False
-                return
-            except Exception:  # noqa: BLE001 - a broken cache entry is rebuilt
-                pass
-        docs = [f"{t}\n{x}" if t else x for t, x in zip(self.titles, self.texts)]
-        # a Wikipedia-sized corpus takes minutes: say so and show bm25s's own progress bars
-        big = len(docs) >= _BIG_CORPUS
-        if big:
-            print(f"[rllib_spear] building the BM25 index of {len(docs)} passages of {self.corpus_path} "
-                  f"(cached under {self.index_dir})", file=sys.stderr, flush=True)
-        toks = bm25s.tokenize(docs, stopwords=self._stopwords, show_progress=big)
-        self._bm25 = bm25s.BM25(k1=k1, b=b, method=method)
-        self._bm25.index(toks, show_progress=big)
-        self.built = True
-        tmp = root / f".{key}.tmp.{os.getpid()}.{threading.get_ident()}"
-        try:
-            tmp.mkdir(parents=True, exist_ok=True)
-            self._bm25.save(str(tmp), show_progress=False)
-            os.replace(tmp, self.index_dir)
-        except OSError:
-            pass  # read-only cache, or another process won the race: keep the in-memory index
-        finally:  # also on Ctrl-C: no half-written index folder is left behind
-            shutil.rmtree(tmp, ignore_errors=True)
+@contextlib.contextmanager
+def _build_lock(root: Path, key: str):
+    """An exclusive ``flock`` on ``root/.<key>.lock``: one process (or thread) builds an index
+    while the others starting on the same corpus wait and then load it. No lock on a read-only
+    cache."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        f = open(root / f".{key}.lock", "a+")
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+class _Column(Sequence):
+    """A read-only view of one corpus column (rows read on demand)."""
+
+    def __init__(self, rows: CorpusRows, field: int):
+        self._rows, self._field = rows, field
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self._rows.row(i if i >= 0 else len(self) + i)[self._field]
+
+
+class BM25Retriever:
+    """BM25 over a parquet corpus (bm25s's scores, docs/retrieval.md). Thread-safe to search.
+
+    The index is built once per corpus file by streaming it (``batch_rows`` rows at a time, see
+    ``envs/bm25_index.py``), saved under ``<cache>/bm25/<key>/`` and memory-mapped; passages are
+    read from the parquet by row only for the hits (``envs/corpus.py``). ``ids``, ``titles`` and
+    ``texts`` are read-only views of the corpus columns, not lists in memory."""
+
+    def __init__(self, corpus_path: str | os.PathLike, *, k1: float = 1.5, b: float = 0.75,
+                 method: str = "lucene", cache_dir: str | os.PathLike | None = None,
+                 batch_rows: int = 16384):
+        BM25_VARIANTS.get(method)  # an unknown method fails here, before any hashing
+        path = Path(corpus_path).resolve()
+        self.corpus_path = str(path)
+        self._rows = CorpusRows(path)  # checks the file and its columns
+        root = Path(cache_dir) if cache_dir else cache_root() / "bm25"
+        params = {"k1": k1, "b": b, "method": method, "stopwords": "en", "fmt": INDEX_FORMAT}
+        key = hashlib.sha256(
+            (_corpus_sha256(path, root) + json.dumps(params, sort_keys=True)).encode()
+        ).hexdigest()[:20]
+        self.index_dir = root / key
+        self.built = False
+        with _build_lock(root, key):
+            if not (self.index_dir / "meta.json").exists():
+                self.index_dir = self._build(root, key, k1=k1, b=b, method=method, batch_rows=batch_rows)
+                self.built = True
+        try:
+            self._index = BM25Index(self.index_dir)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f"{self.index_dir}: broken BM25 index ({e}); delete that folder to rebuild it") from e
+        if len(self._index) != len(self._rows):
+            raise ValueError(f"{self.index_dir}: index of {len(self._index)} passages for a corpus of "
+                             f"{len(self._rows)} rows; delete that folder to rebuild it")
+        self.ids, self.titles, self.texts = (_Column(self._rows, k) for k in range(3))
+
+    def _build(self, root: Path, key: str, *, k1: float, b: float, method: str, batch_rows: int) -> Path:
+        """Build into a temporary folder and rename it into place; on a read-only cache, keep it
+        in a private temporary folder (removed at exit)."""
+        n = len(self._rows)
+        progress = None
+        # a Wikipedia-sized corpus takes a while: say so and report progress
+        if n >= _BIG_CORPUS:
+            print(f"[rllib_spear] building the BM25 index of {n} passages of {self.corpus_path} "
+                  f"(cached under {root / key}; peak memory: the index plus one batch)",
+                  file=sys.stderr, flush=True)
+            progress = print_progress(n, "[rllib_spear] BM25 index")
+        docs = ([f"{t}\n{x}" if t else x for t, x in zip(titles, texts)]
+                for _, _, titles, texts in iter_corpus_batches(self.corpus_path, batch_rows))
+        try:
+            tmp = root / f".{key}.tmp.{os.getpid()}.{threading.get_ident()}"
+            tmp.mkdir(parents=True)
+        except OSError:  # read-only cache: a private folder for this process
+            tmp = Path(tempfile.mkdtemp(prefix="rllib_spear_bm25_"))
+            atexit.register(shutil.rmtree, tmp, True)
+            build_index(docs, tmp, k1=k1, b=b, method=method, progress=progress)
+            return tmp
+        target = root / key
+        try:
+            build_index(docs, tmp, k1=k1, b=b, method=method, progress=progress)
+            if (target / "meta.json").exists():  # another machine on a shared cache finished first
+                return target
+            shutil.rmtree(target, ignore_errors=True)  # an unfinished entry (no meta.json)
+            os.replace(tmp, target)
+        finally:  # also on Ctrl-C: no half-written index folder is left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
     def passage(self, i: int) -> Passage:
-        return Passage(self.ids[i], self.titles[i], self.texts[i])
+        return Passage(*self._rows.row(i))
 
     def _query_ids(self, query: str) -> list[int]:
-        import bm25s
-
-        toks = bm25s.tokenize([query], stopwords=self._stopwords, return_ids=False, show_progress=False)[0]
-        return self._bm25.get_tokens_ids(toks)
+        return self._index.query_ids(query)
 
     def search(self, query: str, top_k: int = 5) -> list[tuple[Passage, float]]:
         """Top-k passages for one query with their scores (best first); [] when no query word is
@@ -167,7 +240,7 @@ class BM25Retriever:
         ids = self._query_ids(query)
         if not ids or top_k <= 0:
             return []
-        scores = self._bm25.get_scores_from_ids(ids)
+        scores = self._index.scores(ids)
         top = top_k_indices(scores, top_k)
         return [(self.passage(int(i)), float(scores[i])) for i in top if scores[i] > 0]
 
@@ -215,9 +288,9 @@ class HTTPRetriever:
         text = d.get("contents", d.get("text", ""))
         text = "" if text is None else str(text)
         if title is None:  # Search-R1 corpus: first line of contents is the title
-            title, _, rest = text.partition("\n")
+            title, rest = split_contents(text)
             text = rest or title
-        return Passage(str(d.get("id", "")), str(title).strip('"'), text)
+        return Passage(str(d.get("id", "")), unquote_title(str(title)), text)
 
     def batch_search(self, queries: Sequence[str], top_k: int = 5) -> list[list[Passage]]:
         body = json.dumps({"queries": list(queries), "topk": top_k, "return_scores": False}).encode()
