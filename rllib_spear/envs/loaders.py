@@ -1,37 +1,54 @@
-"""Task loaders: parquet (pyarrow), lists of dicts or callables -> list of task dicts, validated
-row by row.
+"""Task loaders: parquet (pyarrow), JSONL / JSON, lists of dicts or callables -> list of task
+dicts, validated row by row.
 
-``load_tasks(source, split="train", kind=None, *, env=None)``, ``source`` being:
+``load_tasks(source, split="train", kind=None, *, env=None, dataset_format=None)``, ``source``
+being:
 
 - a default dataset name (``search_qa``, ``multi_answer_search``, ``code_math``, ``text_game``;
   ``textworld`` has no default file, see :func:`rllib_spear.envs.textworld_env.make_textworld_tasks`)
   loads the embedded generated table of that split;
-- a parquet path (or a directory holding ``<split>.parquet``) is loaded and its schema is taken
-  from ``kind`` or inferred from the columns;
+- a file path: parquet, ``.jsonl`` (one JSON object per line) or ``.json`` (a list of objects),
+  or a directory holding ``<split>.parquet``, ``<split>.jsonl``, ``<split>.json`` or
+  ``<split>_data.jsonl`` (QAMPARI's release names), the first found;
+- a dict ``{"path": ..., "dataset_format": ...}``: that path read in that data format (what
+  ``.environment(dataset=...)`` takes to force a format);
 - a list (or tuple) of task dicts, used for every split;
 - a callable returning such a list: ``source(split)`` if it takes an argument, else ``source()``.
 
+Rows in a released upstream layout (Search-R1, DAPO-Math-17k, AIME 2024 / 2025, QAMPARI) are first
+mapped to our schema by their **data format** (:mod:`rllib_spear.envs.formats`, table in
+docs/data_formats.md): detected from the columns, or forced with ``dataset_format=`` (a format
+name given as ``kind=`` works too). A file whose format is of another task kind than the built-in
+``env`` it is loaded for is an error. Without a format, the kind is ``kind``, else inferred from
+the columns (files) or taken from ``env`` (lists, callables).
+
 ``env`` is the env spec the tasks are for (``config.env``). For an env other than the built-ins
 (a class, an import path, a registered name) the rows are kept as they are (kind ``generic``:
-each row a dict; only the uid is added) unless ``kind`` is given, and a ``source`` that is the env
-itself (no dataset given) is an error that says how to give one.
+each row a dict; only the uid is added) unless ``kind`` or ``dataset_format`` is given, and a
+``source`` that is the env itself (no dataset given) is an error that says how to give one.
 
 Schemas (extra columns are kept as they are):
 
 =================== =====================================================================
 search_qa           ``question`` str, ``golden_answers`` list[str] (or Search-R1's
-                    ``reward_model.ground_truth.target``), ``data_source`` (optional)
+                    ``reward_model.ground_truth.target``), ``data_source`` (optional);
+                    format ``search_r1`` also keeps ``prompt`` as chat messages (read by
+                    the search envs with ``prompt_source="dataset"``)
 multi_answer_search ``question`` (or ``question_text``) str, ``answers`` (or ``ground_truth``)
-                    list of entities, each a str or a list of alias strs
+                    list of entities, each a str or a list of alias strs (format ``qampari``:
+                    from ``answer_list``)
 code_math           ``prompt`` str or chat list (last user message), ``answer`` (or
-                    ``reward_model.ground_truth``) str/number
+                    ``reward_model.ground_truth``) str/number; formats ``dapo_math``,
+                    ``aime24``, ``aime25`` add ``problem`` (the bare problem text)
 text_game           ``seed`` int, optional ``n_rooms``, ``n_objects``, ``goal``
 textworld           ``game_file`` path of a compiled TextWorld game
 generic             any dict (your own environment reads the keys it needs)
 =================== =====================================================================
 
-Every task gets a stable unique ``uid`` string: the ``uid`` (or ``id``) column when present
-(duplicates are an error), else a hash of the row's content (plus the row index on collisions).
+Every task gets a stable unique ``uid`` string: the ``uid`` (or ``id``) column when present, else
+a hash of the row's content (plus the row index on collisions). An id repeated within one
+``data_source`` is an error; ids repeated only across sources (Search-R1's merged test file has
+"test_0" in nq and in hotpotqa) make every id-based uid ``<data_source>/<id>``.
 The first bad row raises ``ValueError("<file>: row <i>, column '<col>': <what is wrong>")``.
 """
 from __future__ import annotations
@@ -42,7 +59,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_tasks", "validate_tasks", "DEFAULT_DATASETS"]
+from rllib_spear.envs.formats import FORMATS, DataFormat, RowError, detect_formats, format_names, get_format
+
+__all__ = ["load_tasks", "validate_tasks", "DEFAULT_DATASETS", "SPLIT_FILES"]
 
 DEFAULT_DATASETS = {
     "search_qa": "search_qa",
@@ -177,33 +196,174 @@ def _row_uid(row: dict) -> str:
     return hashlib.sha1(payload.encode()).hexdigest()[:12]
 
 
-def validate_tasks(rows: list[dict[str, Any]], kind: str, src: str = "<tasks>") -> list[dict[str, Any]]:
-    """Validate/normalise task dicts of ``kind`` (see module docstring) and give each a uid."""
+
+
+def _convert(fmt: DataFormat, row: dict, src: str, i: int) -> dict:
+    """One row through ``fmt``'s converter; its errors name the file, row and column."""
+    try:
+        out = fmt.convert(row)
+    except RowError as e:
+        raise _err(src, i, e.column, f"{e.message} (read as the {fmt.name!r} data format)") from None
+    except Exception as e:  # noqa: BLE001 - a user converter's bug: say which format and row
+        raise ValueError(f"{src}: row {i}: the {fmt.name!r} data format cannot read this row: "
+                         f"{type(e).__name__}: {e}") from e
+    if not isinstance(out, dict):
+        raise ValueError(f"{src}: row {i}: the {fmt.name!r} data format returned a {type(out).__name__}, not a dict")
+    return out
+
+
+def _explicit_uid(row: dict, src: str, i: int) -> tuple[str, str | None]:
+    """(column, uid) of the row's ``uid`` / ``id`` column, uid None without one."""
+    uc, uid = _get(row, "uid", "id")
+    if uid is None:
+        return uc, None
+    if isinstance(uid, bool) or not isinstance(uid, (str, int)) or not str(uid).strip():
+        raise _err(src, i, uc, f"expected a non-empty string, got {uid!r}")
+    return uc, str(uid)
+
+
+def _assign_uids(rows: list[dict], src: str) -> None:
+    """Give every row its ``uid`` (module docstring): an id repeated within one data source is an
+    error; ids repeated only across sources are qualified as ``<data_source>/<id>``."""
+    explicit = [_explicit_uid(row, src, i) for i, row in enumerate(rows)]
+    first_at: dict[tuple[str, Any], int] = {}
+    sources_of: dict[str, set] = {}
+    for i, ((uc, uid), row) in enumerate(zip(explicit, rows)):
+        if uid is None:
+            continue
+        key = (uid, row.get("data_source"))
+        if key in first_at:
+            raise _err(src, i, uc, f"duplicate uid {uid!r} (row {first_at[key]} has it too, with the same "
+                                   f"data_source {key[1]!r}); ids must be unique within a data source")
+        first_at[key] = i
+        sources_of.setdefault(uid, set()).add(key[1])
+    qualify = any(len(s) > 1 for s in sources_of.values())
+    seen: set[str] = set()
+    for i, ((_, uid), row) in enumerate(zip(explicit, rows)):
+        if uid is None:
+            uid = _row_uid(row)
+            if uid in seen:
+                uid = f"{uid}-{i}"
+        elif qualify:
+            uid = f"{row.get('data_source')}/{uid}"
+        seen.add(uid)
+        row["uid"] = uid
+
+
+def validate_tasks(rows: list[dict[str, Any]], kind: str, src: str = "<tasks>", *,
+                   dataset_format: str | DataFormat | None = None) -> list[dict[str, Any]]:
+    """Validate/normalise task dicts of ``kind`` (see module docstring) and give each a uid;
+    with ``dataset_format`` (a name or a :class:`~rllib_spear.envs.formats.DataFormat`), each row
+    is first mapped to our schema by that format."""
     if kind == "multi_answer":
         kind = "multi_answer_search"
     if kind not in CHECKS:
         raise ValueError(f"unknown task kind {kind!r}; choose from {sorted(CHECKS)}")
+    fmt = get_format(dataset_format) if isinstance(dataset_format, str) else dataset_format
     check = CHECKS[kind]
-    out, seen = [], set()
+    out = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise ValueError(f"{src}: row {i}: expected a dict, got {type(row).__name__}")
-        row = check(dict(row), src, i)
-        uc, uid = _get(row, "uid", "id")
-        if uid is not None:
-            if isinstance(uid, bool) or not isinstance(uid, (str, int)) or not str(uid).strip():
-                raise _err(src, i, uc, f"expected a non-empty string, got {uid!r}")
-            uid = str(uid)
-            if uid in seen:
-                raise _err(src, i, uc, f"duplicate uid {uid!r}")
-        else:
-            uid = _row_uid(row)
-            if uid in seen:
-                uid = f"{uid}-{i}"
-        seen.add(uid)
-        row["uid"] = uid
-        out.append(row)
+        row = dict(row)
+        if fmt is not None:
+            row = _convert(fmt, row, src, i)
+        out.append(check(row, src, i))
+    _assign_uids(out, src)
     return out
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """The keys of the rows, in first-seen order."""
+    return list(dict.fromkeys(k for r in rows if isinstance(r, dict) for k in r))
+
+
+def _choose(rows: list[dict], columns: list[str], src: str, kind: str | None, dataset_format: str | None,
+            env_kind: str | None, *, from_file: bool) -> tuple[str, DataFormat | None]:
+    """(task kind, data format or None) of a table (module docstring). Lists and callables
+    without a kind or a built-in env stay ``generic``; files without a format infer the kind
+    from their columns."""
+    if kind in FORMATS and kind not in CHECKS:  # a format name given as kind
+        if dataset_format not in (None, kind):
+            raise ValueError(f"{src}: kind={kind!r} and dataset_format={dataset_format!r} disagree; give one")
+        kind, dataset_format = None, kind
+    if kind == "multi_answer":
+        kind = "multi_answer_search"
+    if dataset_format is not None:
+        fmt = get_format(dataset_format)
+        if kind is not None and kind != fmt.kind:
+            raise ValueError(f"{src}: dataset_format={fmt.name!r} holds {fmt.kind} tasks, not kind={kind!r}")
+        return fmt.kind, fmt
+    if kind == "generic" or (kind is None and (env_kind == "generic" or (env_kind is None and not from_file))):
+        return "generic", None
+    found = detect_formats(columns, rows[0] if rows and isinstance(rows[0], dict) else {})
+    want = kind or env_kind
+    if want is not None and found:
+        same = [f for f in found if f.kind == want]
+        if not same and kind is None:
+            names = ", ".join(f"{f.name!r} ({f.kind} tasks)" for f in found)
+            raise ValueError(f"{src}: the columns {columns} are in the data format {names}, but the environment "
+                             f"takes {want} tasks: give a {want} dataset, or force a format with "
+                             f"dataset_format=... (one of {format_names()})")
+        found = same
+    if len(found) > 1:
+        raise ValueError(f"{src}: the columns {columns} fit several data formats "
+                         f"{[f.name for f in found]}; pick one with dataset_format=...")
+    if found:
+        return found[0].kind, found[0]
+    if kind is not None:
+        return kind, None
+    return (_infer_kind(columns, src) if from_file else env_kind), None
+
+
+def _read_rows(path: Path) -> tuple[list[dict], list[str]]:
+    """(rows, column names) of a parquet, ``.jsonl`` or ``.json`` file."""
+    src = str(path)
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{src}: cannot read: {e}") from e
+        if suffix == ".json":
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{src}: invalid JSON ({e}); a .json task file holds one list of task "
+                                 "objects (use .jsonl for one object per line)") from e
+            if not isinstance(rows, list):
+                raise ValueError(f"{src}: a .json task file must hold a list of task objects, got a "
+                                 f"{type(rows).__name__} (use .jsonl for one object per line)")
+        else:
+            rows = []
+            for n, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{src}: line {n}: invalid JSON ({e}); a .jsonl file holds one "
+                                     "JSON object per line") from e
+        return rows, _columns(rows)
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(src)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"{src}: cannot read parquet: {e}") from e
+    return table.to_pylist(), list(table.column_names)
+
+
+# Files a dataset directory may hold for a split, tried in this order.
+SPLIT_FILES = ("{split}.parquet", "{split}.jsonl", "{split}.json", "{split}_data.jsonl")
+
+
+def _split_file(directory: Path, split: str) -> Path:
+    names = [n.format(split=split) for n in SPLIT_FILES]
+    for n in names:
+        if (directory / n).exists():
+            return directory / n
+    raise ValueError(f"{directory}: no file for split {split!r}: expected one of {names}")
 
 
 def _no_dataset(env: Any) -> ValueError:
@@ -211,8 +371,8 @@ def _no_dataset(env: Any) -> ValueError:
 
     return ValueError(
         f"environment {env_label(env)!r} has no default dataset: give its tasks with "
-        ".environment(env, dataset=...), a parquet path (or a directory of <split>.parquet), a list of task "
-        "dicts or a callable returning one")
+        ".environment(env, dataset=...), a file path (parquet, .jsonl, .json) or a directory of <split>.parquet / "
+        "<split>.jsonl, a list of task dicts or a callable returning one")
 
 
 def _env_kind(env: Any) -> str | None:
@@ -238,8 +398,23 @@ def _call_source(fn, split: str):
     return fn(split) if takes_arg else fn()
 
 
-def load_tasks(source: Any, split: str = "train", kind: str | None = None, *, env: Any = None) -> list[dict]:
-    """Load and validate tasks (see module docstring)."""
+def _spec(source: dict, kind: str | None, dataset_format: str | None) -> tuple[Any, str | None, str | None]:
+    """(path, kind, dataset_format) of a ``{"path": ..., "dataset_format": ..., "kind": ...}`` source."""
+    extra = set(source) - {"path", "dataset_format", "kind"}
+    if "path" not in source or extra:
+        raise ValueError(f"a dataset given as a dict takes the keys 'path' (required), 'dataset_format' and "
+                         f"'kind', got {sorted(source)}; e.g. {{'path': 'aime_2024.parquet', "
+                         f"'dataset_format': 'aime24'}}")
+    return source["path"], source.get("kind", kind), source.get("dataset_format", dataset_format)
+
+
+def load_tasks(source: Any, split: str = "train", kind: str | None = None, *, env: Any = None,
+               dataset_format: str | None = None) -> list[dict]:
+    """Load and validate tasks (see module docstring). ``dataset_format``: a name of
+    :func:`rllib_spear.envs.formats.format_names` to read the rows in that format (default:
+    detected from the columns)."""
+    if isinstance(source, dict):
+        source, kind, dataset_format = _spec(source, kind, dataset_format)
     env_kind = _env_kind(env)
     if source is env and env is not None and env_kind == "generic":
         raise _no_dataset(env)
@@ -250,36 +425,40 @@ def load_tasks(source: Any, split: str = "train", kind: str | None = None, *, en
         rows = _call_source(source, split)
         if not isinstance(rows, (list, tuple)):
             raise ValueError(f"task source {name}() must return a list of task dicts, got {type(rows).__name__}")
-        return validate_tasks(list(rows), kind or env_kind or "generic", f"{name}()")
+        return _validate_table(list(rows), f"{name}()", kind, dataset_format, env_kind)
     if isinstance(source, (list, tuple)):
         if not source:
             raise ValueError("the task list is empty")
-        return validate_tasks(list(source), kind or env_kind or "generic", "<task list>")
+        return _validate_table(list(source), "<task list>", kind, dataset_format, env_kind)
     if not isinstance(source, (str, os.PathLike)):
-        raise ValueError(f"tasks must be a dataset name, a parquet path, a list of task dicts or a callable "
-                         f"returning one, got {type(source).__name__}")
+        raise ValueError(f"tasks must be a dataset name, a file path (parquet, .jsonl, .json), a dict "
+                         f"{{'path': ..., 'dataset_format': ...}}, a list of task dicts or a callable returning "
+                         f"one, got {type(source).__name__}")
     name = str(source)
     if name in DEFAULT_DATASETS and not os.path.exists(name):
         from rllib_spear.data import default_paths
 
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test' for default datasets, got {split!r}")
-        path = default_paths()[f"{DEFAULT_DATASETS[name]}_{split}"]
+        path = Path(default_paths()[f"{DEFAULT_DATASETS[name]}_{split}"])
         kind = kind or ("multi_answer_search" if name.startswith("multi_answer") else name)
     else:
         path = Path(name)
         if path.is_dir():
-            path = path / f"{split}.parquet"
+            path = _split_file(path, split)
         if not path.exists():
             if env is not None and source is env:
                 raise _no_dataset(env)
             raise ValueError(f"{path}: no such file (and {name!r} is not one of {sorted(DEFAULT_DATASETS)})")
-    import pyarrow.parquet as pq
+    rows, columns = _read_rows(path)
+    return _validate_table(rows, str(path), kind, dataset_format, env_kind, columns)
 
-    src = str(path)
-    try:
-        table = pq.read_table(src)
-    except Exception as e:  # noqa: BLE001
-        raise ValueError(f"{src}: cannot read parquet: {e}") from e
-    kind = kind or (env_kind if env_kind == "generic" else None) or _infer_kind(table.column_names, src)
-    return validate_tasks(table.to_pylist(), kind, src)
+
+def _validate_table(rows: list, src: str, kind: str | None, dataset_format: str | None, env_kind: str | None,
+                    columns: list[str] | None = None) -> list[dict]:
+    """Pick the kind and data format of ``rows`` (:func:`_choose`) and validate them; ``columns``
+    given = a file's table."""
+    from_file = columns is not None
+    columns = _columns(rows) if columns is None else columns
+    kind, fmt = _choose(rows, columns, src, kind, dataset_format, env_kind, from_file=from_file)
+    return validate_tasks(rows, kind, src, dataset_format=fmt)

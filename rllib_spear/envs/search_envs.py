@@ -23,6 +23,11 @@ substring (``entity_match="substring"``, docs/algorithms.md 3.2) or whole-word m
 
 A step at ``max_turns`` that is not an answer ends the episode without running its tool (no
 observation; reward as for a missing answer).
+
+``prompt_source`` (both envs): ``"env"`` (default) opens an episode with the env's system prompt and
+``Question: <question>``; ``"dataset"`` opens it with the task's own ``prompt`` chat messages
+unchanged (Search-R1's parquet carries its instruction there; docs/data_formats.md), no system
+prompt added; a task without a well-formed ``prompt`` is a ``ValueError`` naming the column.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from rllib_spear.core.answers import (
 )
 from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.base import StepResult, ToolEnv
+from rllib_spear.envs.formats import dataset_prompt
 from rllib_spear.envs.parsers import (
     MAX_CALLS_PER_TURN,
     MAX_QUERIES_PER_CALL,
@@ -58,7 +64,10 @@ OBS_SLACK_CHARS = 1024
 # Room past a call's ``max_chars`` for the retrieval truncation note.
 _NOTE_ROOM = 100
 
-__all__ = ["SearchQAEnv", "MultiAnswerSearchEnv", "SEARCH_PROMPTS", "MULTI_PROMPTS"]
+__all__ = ["SearchQAEnv", "MultiAnswerSearchEnv", "SEARCH_PROMPTS", "MULTI_PROMPTS", "PROMPT_SOURCES"]
+
+# Where an episode's opening messages come from (env_config ``prompt_source``).
+PROMPT_SOURCES = ("env", "dataset")
 
 SEARCH_PROMPTS = {
     "search_r1": (
@@ -108,7 +117,12 @@ class _SearchEnvBase(ToolEnv):
                  result_format: str = "text", corpus_path: str | None = None, retriever_url: str | None = None,
                  retriever_kwargs: dict | None = None, retriever=None, max_turns: int = 4,
                  system_prompt: str | None = None, max_queries_per_call: int = MAX_QUERIES_PER_CALL,
-                 max_calls_per_turn: int = MAX_CALLS_PER_TURN):
+                 max_calls_per_turn: int = MAX_CALLS_PER_TURN, prompt_source: str = "env"):
+        # "env": the env's system prompt + "Question: ..."; "dataset": the task's own chat messages
+        # (its "prompt" column: Search-R1's instruction lives in that user message), nothing added.
+        if prompt_source not in PROMPT_SOURCES:
+            raise ValueError(f"prompt_source must be one of {PROMPT_SOURCES}, got {prompt_source!r}")
+        self.prompt_source = prompt_source
         self.parser_name = parser or self.default_parser
         # any registered parser whose calls are searches (rllib_spear.envs.parsers.register_parser)
         self.parser = get_parser(self.parser_name, supported_calls=("search",), env_options={
@@ -162,6 +176,8 @@ class _SearchEnvBase(ToolEnv):
         self._new_episode()
         self.task = task
         self.done = False
+        if self.prompt_source == "dataset":
+            return dataset_prompt(task)
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": f"Question: {task['question']}"}]
 
