@@ -372,17 +372,24 @@ def format_search_results(queries: Sequence[str], results: Sequence[Sequence[Pas
 
     ``fmt="text"`` (compact, Search-R1 style ``Doc i(Title: t) text`` lines, with a
     ``Query: q`` header per query when there are several), or ``"json"`` (the released SPADER
-    server's ``[{"query": q, "documents": [{"title", "contents"}]}]``). Truncated round-robin by
-    rank to ``max_chars`` characters; the SPADER truncation note is appended when something was cut.
+    server's ``[{"query": q, "documents": [{"title", "contents"}]}]``, indented by 2 as the released
+    SPADER tool prints it: ``json.dumps(..., indent=2)`` in ``verl/tools/utils/search_r1_like_utils.py``).
+    Truncated round-robin by rank to ``max_chars`` characters; the SPADER truncation note is
+    appended when something was cut.
     """
     multi = len(queries) > 1
     if fmt == "json":
+        # Exact indent-2 lengths: a document sits 3 levels deep, so its 3 inner line breaks gain 6
+        # spaces each (18) and it is joined by ",\n" + 6 spaces (8); a non-empty "documents" list
+        # opens on "[\n" + 6 spaces and closes on "\n" + 4 spaces + "]" (+4 over "[]" once the
+        # separators are counted per document): output length = the bound when every query has a hit.
         skeleton = [{"query": q, "documents": []} for q in queries]
-        overhead = len(json.dumps(skeleton, ensure_ascii=False))
-        length = lambda p: len(json.dumps({"title": p.title, "contents": p.text}, ensure_ascii=False)) + 2  # noqa: E731
+        overhead = len(json.dumps(skeleton, indent=2, ensure_ascii=False)) + 4 * len(queries)
+        length = lambda p: len(json.dumps({"title": p.title, "contents": p.text}, indent=2,  # noqa: E731
+                                          ensure_ascii=False)) + 26
         kept, truncated = truncate_round_robin(results, max_chars, length, overhead)
         out = json.dumps([{"query": q, "documents": [{"title": p.title, "contents": p.text} for p in docs]}
-                          for q, docs in zip(queries, kept)], ensure_ascii=False)
+                          for q, docs in zip(queries, kept)], indent=2, ensure_ascii=False)
     elif fmt == "text":
         headers = [f"Query: {q}\n" if multi else "" for q in queries]
         empty = "No results.\n"
