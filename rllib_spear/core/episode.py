@@ -206,7 +206,11 @@ class RolloutRecord:
     """What the rollout knows about an episode beyond the environment's stats.
 
     turns: assistant turns generated; assistant_texts: their decoded texts;
-    reached_max_length: the response budget (``max_response_tokens``) or the context was hit;
+    reached_max_length: the episode's budget (``max_response_tokens``) or the context was hit;
+    turn_hit_cap: per assistant turn, whether the engine stopped it at its token cap
+    (``finish_reason == "length"``: the per-turn ``max_new_tokens`` or what was left of the
+    episode's budget) instead of a stop token; the released per-turn overlong check
+    (docs/recipes.md, "Token budgets");
     error / error_stage: an exception caught while building a turn (the episode ended there);
     env_error: an exception raised by ``env.step`` (the turn became an error observation).
     """
@@ -214,6 +218,7 @@ class RolloutRecord:
     turns: int = 0
     assistant_texts: list[str] = field(default_factory=list)
     reached_max_length: bool = False
+    turn_hit_cap: list[bool] = field(default_factory=list)
     error: str | None = None
     error_stage: str | None = None
     env_error: str | None = None

@@ -5,7 +5,8 @@ No Ray here: ``LLMEnvRunner`` wraps this class for RLlib, and tests drive it dir
 Token-in/token-out: the prompt is tokenized once from the environment's initial messages with
 the chat template; each assistant turn keeps exactly the ids the engine sampled (never decoded
 and re-encoded); each observation is tokenized once, wrapped by ``ObservationTemplate`` into a
-new user turn followed by the generation prompt of the next assistant turn.
+new user turn (or, with ``"chat_template"``, a ``tool`` message as the tokenizer's chat template
+renders it) followed by the generation prompt of the next assistant turn.
 
 Robustness: model text and tool output pass through ``safe_text`` (lone surrogates and other
 code points a tokenizer cannot encode become U+FFFD) before they reach the environment or the
@@ -46,7 +47,9 @@ class ObservationTemplate:
     suffix: str
 
     @classmethod
-    def named(cls, name: str) -> "ObservationTemplate":
+    def named(cls, name: str, tokenizer: Any = None) -> "ObservationTemplate":
+        """``"chatml"`` / ``"llama3"`` (a user turn), or ``"chat_template"`` (a ``tool`` role
+        message rendered by ``tokenizer``'s own chat template, :meth:`from_chat_template`)."""
         if name == "chatml":  # Qwen2.5/Qwen3, SmolLM2, the embedded model
             return cls("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
         if name == "llama3":
@@ -54,9 +57,49 @@ class ObservationTemplate:
                 "<|start_header_id|>user<|end_header_id|>\n\n",
                 "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
             )
+        if name == "chat_template":
+            return cls.from_chat_template(tokenizer)
         raise ValueError(
-            f"observation_template must be 'chatml' or 'llama3', got {name!r}"
+            f"observation_template must be 'chatml', 'llama3' or 'chat_template', got {name!r}"
         )
+
+    @classmethod
+    def from_chat_template(cls, tokenizer: Any, role: str = "tool") -> "ObservationTemplate":
+        """The observation as a ``role`` message, rendered by ``tokenizer.apply_chat_template``.
+
+        Two renderings of a probe conversation, [user, assistant] without and
+        [user, assistant, ``role``] with the generation prompt, differ by the observation turn
+        and the next assistant header. The sampled assistant turn ends with the end-of-turn
+        (eos) token, so what the template writes after that token (Qwen2.5: ``\n``) opens the
+        prefix. Qwen2.5: prefix ``\n<|im_start|>user\n<tool_response>\n``, suffix
+        ``\n</tool_response><|im_end|>\n<|im_start|>assistant\n``.
+        """
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("observation_template 'chat_template' needs a tokenizer with a chat template; "
+                             "use 'chatml' or 'llama3' for one without")
+        said, seen = "ASSISTANT_PROBE_7f3a", "OBSERVATION_PROBE_9c2d"
+        base = [{"role": "user", "content": "USER_PROBE_41b8"}, {"role": "assistant", "content": said}]
+        try:
+            before = tokenizer.apply_chat_template(base, tokenize=False, add_generation_prompt=False)
+            after = tokenizer.apply_chat_template([*base, {"role": role, "content": seen}], tokenize=False,
+                                                  add_generation_prompt=True)
+        except Exception as exc:  # a template that rejects the role or the turn order
+            raise ValueError(f"observation_template 'chat_template': the chat template cannot render a {role!r} "
+                             f"message after an assistant turn ({type(exc).__name__}: {exc}); use 'chatml' "
+                             "or 'llama3'") from exc
+        eos = getattr(tokenizer, "eos_token", None) or ""
+        closing = before[before.rfind(said) + len(said):] if said in before else None
+        if not after.startswith(before) or after.count(seen) != 1 or closing is None:
+            raise ValueError("observation_template 'chat_template': the chat template re-renders earlier turns "
+                             "when a message is added, so an observation cannot be appended as tokens; use "
+                             "'chatml' or 'llama3'")
+        if not eos or not closing.startswith(eos):
+            raise ValueError(f"observation_template 'chat_template': the chat template closes an assistant turn "
+                             f"with {closing!r}, which does not start with the eos token {eos!r} that ends "
+                             "sampling; set the tokenizer's eos_token to the end-of-turn token")
+        turn = after[len(before):]
+        cut = turn.index(seen)
+        return cls(closing[len(eos):] + turn[:cut], turn[cut + len(seen):])
 
     def render(self, observation: str) -> str:
         return f"{self.prefix}{observation}{self.suffix}"
@@ -66,17 +109,24 @@ class ObservationTemplate:
 class RolloutConfig:
     """Limits of one multi-turn episode.
 
+    Two token budgets, one per turn and one per episode (docs/recipes.md, "Token budgets"): the
+    per-turn one is the sampling config's ``max_new_tokens`` (the released agent harnesses'
+    ``max_response_length``: one turn = one sample there); the per-episode ones are below. Every
+    turn is capped by ``min(max_new_tokens, what is left of max_response_tokens, what is left of
+    max_model_len)``.
+
     ``max_turns``: assistant turns per episode. ``max_model_len``: prompt + response tokens
     (the model's context). ``max_response_tokens``: assistant + observation tokens after the
-    prompt (Dr.BoT's "overlong" threshold and T_norm of seq-mean-token-sum-norm).
-    ``max_observation_tokens``: an observation longer than this is cut (tail dropped).
+    prompt, over the whole episode (Dr.BoT's episode-level "overlong" threshold and the default
+    T_norm of seq-mean-token-sum-norm). ``max_observation_tokens``: an observation longer than
+    this is cut (tail dropped).
     """
 
     max_turns: int = 4
     max_model_len: int = 1024
     max_response_tokens: int = 512
     max_observation_tokens: int = 256
-    observation_template: str = "chatml"
+    observation_template: str = "chatml"  # "chatml" | "llama3" | "chat_template" (ObservationTemplate.named)
     min_generation_tokens: int = 8  # stop cleanly when less than this is left in the budget
 
 
@@ -105,6 +155,7 @@ class _Episode:
     done: bool = False
     truncated: bool = False
     reached_max_length: bool = False
+    turn_hit_cap: list[bool] = field(default_factory=list)  # per turn: stopped at its token cap
     outcome_reward: float = 0.0
     error: str | None = None  # "<ExceptionType>: message" when a turn raised
     error_stage: str | None = None
@@ -131,7 +182,7 @@ class MultiTurnRollout:
         self.env_factory = env_factory
         self.sampling = sampling
         self.config = config or RolloutConfig()
-        self.obs_template = ObservationTemplate.named(self.config.observation_template)
+        self.obs_template = ObservationTemplate.named(self.config.observation_template, tokenizer)
         self._env_pool: list[ToolEnv] = []
         eos = tokenizer.eos_token_id
         if eos is not None and eos not in self.sampling.stop_token_ids:
@@ -144,13 +195,15 @@ class MultiTurnRollout:
     def _release_env(self, env: ToolEnv) -> None:
         self._env_pool.append(env)
 
-    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+    def _prompt_ids(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
         messages = [
             {**m, "content": safe_text(m["content"])} if isinstance(m, dict) and "content" in m else m
             for m in messages
         ]
+        # the env's tool schemas (ToolEnv.tool_schemas) reach the template's tools block
+        extra = {"tools": tools} if tools else {}
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
+            messages, add_generation_prompt=True, tokenize=True, **extra
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in some versions
             ids = ids["input_ids"]
@@ -172,7 +225,7 @@ class MultiTurnRollout:
             for _ in range(group_size):
                 env = self._acquire_env()
                 messages = env.reset(task)
-                prompt = self._prompt_ids(messages)
+                prompt = self._prompt_ids(messages, getattr(env, "tool_schemas", None))
                 if len(prompt) + cfg.min_generation_tokens > cfg.max_model_len:
                     raise ValueError(
                         f"task {uid}: prompt has {len(prompt)} tokens, more than "
@@ -219,6 +272,9 @@ class MultiTurnRollout:
         try:
             ids = [int(t) for t in out.token_ids]
             seg = Segment("assistant", ids, [float(x) for x in out.logprobs], step=ep.turns)
+            # stopped at its cap (max_new_tokens or the episode's budget left), not at a stop
+            # token: the per-turn "overlong" of the released agent code
+            hit_cap = out.finish_reason == "length"
         except Exception as exc:  # a malformed engine output for this sequence only
             self._fail(ep, stage, exc, stats)
             return
@@ -226,6 +282,7 @@ class MultiTurnRollout:
         ep.context.extend(ids)
         ep.response_tokens += len(ids)
         ep.turns += 1
+        ep.turn_hit_cap.append(hit_cap)
         stats.generated_tokens += len(ids)
         try:
             stage = "decode"
@@ -288,7 +345,8 @@ class MultiTurnRollout:
                 ep.error, ep.error_stage = _describe(exc), "episode_stats"
         reached = ep.reached_max_length or is_overlong(ep.response_tokens, self.config.max_response_tokens)
         record = RolloutRecord(turns=ep.turns, assistant_texts=list(ep.texts), reached_max_length=bool(reached),
-                               error=ep.error, error_stage=ep.error_stage, env_error=ep.env_error)
+                               turn_hit_cap=list(ep.turn_hit_cap), error=ep.error, error_stage=ep.error_stage,
+                               env_error=ep.env_error)
         self._release_env(ep.env)
         return Trajectory(
             uid=ep.uid, segments=ep.segments, outcome_reward=stats.outcome_reward,

@@ -21,9 +21,10 @@ import numpy as np
 from ..core.filters import group_std_filter, has_repetitive_ngram, is_unreadable
 from ..core.trajectory import Trajectory
 from ..registry import Registry
-from .piece import ErrorFn, Piece, check_ints, piece_decorator
+from .piece import ErrorFn, Piece, check_choice, check_ints, piece_decorator
 
-__all__ = ["RESPONSE_FILTERS", "register_response_filter", "FilterResult", "apply_filters", "DRBOT_FILTERS"]
+__all__ = ["RESPONSE_FILTERS", "register_response_filter", "FilterResult", "apply_filters", "DRBOT_FILTERS",
+           "OVERLONG_SCOPES"]
 
 RESPONSE_FILTERS: Registry[Piece] = Registry(
     "response filter", register_hint="rllib_spear.recipe.register_response_filter")
@@ -39,10 +40,29 @@ def register_response_filter(name: str, *, defaults: dict[str, Any] | None = Non
     return piece_decorator(RESPONSE_FILTERS, name, defaults=defaults, validate=validate, override=override)
 
 
-@register_response_filter("overlong")
+#: ``overlong_scope`` values: what "overlong" means for a multi-turn episode.
+OVERLONG_SCOPES = ("episode", "turn")
+
+
+def _check_overlong(cfg: Any, err: ErrorFn) -> None:
+    check_choice(cfg, err, "overlong_scope", OVERLONG_SCOPES)
+
+
+@register_response_filter("overlong", defaults={"overlong_scope": "episode"}, validate=_check_overlong)
 def overlong(traj: Trajectory, cfg: Any) -> bool:
-    """The response reached ``max_response_tokens`` (or the context) before it ended."""
-    return traj.rollout.reached_max_length
+    """The response ran into a token budget before it ended.
+
+    ``overlong_scope="episode"``: the episode reached ``max_response_tokens`` (or the context):
+    the released check on one-sample episodes (SPEAR's ReTool recipe: ``valid_response_length >=
+    max_response_length``). ``"turn"``: also when any turn was stopped at its token cap
+    (``RolloutRecord.turn_hit_cap``): the released agent code (verl-agent) makes every turn a
+    sample and masks one that reached ``max_response_length`` (512 tokens per turn), so here a
+    turn that reached ``max_new_tokens`` trips it. Our episode is one sequence, so the whole
+    episode is masked, not only that turn (docs/recipes.md, "Token budgets").
+    """
+    if traj.rollout.reached_max_length:
+        return True
+    return cfg.overlong_scope == "turn" and any(traj.rollout.turn_hit_cap)
 
 
 @register_response_filter("incomplete")
