@@ -20,6 +20,7 @@ from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 from ..core.trajectory import Trajectory
 from ..coldstart.lookup import resolve_model_path
+from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
 from .placement import runner_engine_kwargs
@@ -63,7 +64,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
         cfg = self.config
         apply_torch_threads(getattr(cfg, "torch_num_threads", None))
-        model_path = resolve_model_path(cfg.model_config["model_path"])
+        # every runner node needs the folder too (a multi-node cluster): the same clear error
+        model_path = require_model_folder(resolve_model_path(cfg.model_config["model_path"]),
+                                          cfg.model_config["model_path"])
         self.model_path = model_path
         seed = int(cfg.seed or 0) * 1000 + self.worker_index
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)

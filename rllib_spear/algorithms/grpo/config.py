@@ -275,6 +275,12 @@ class GRPOConfig(AlgorithmConfig):
         if "model_path" not in self.model_config:
             err("`model_config['model_path']` is required: .rl_module(model_config={'model_path': ...}) "
                 "(a local HF model folder, or 'embedded' for the project's tiny model)")
+        from ...models.folders import looks_like_hub_id, model_path_fix  # light: no torch
+
+        if looks_like_hub_id(str(self.model_config["model_path"])):
+            path = self.model_config["model_path"]
+            err(f"`model_config['model_path']` {path!r} looks like a Hugging Face hub id, not a local folder; "
+                + model_path_fix(path))
         if "dtype" in self.model_config:
             from ...models.dtypes import torch_dtype
 

@@ -53,11 +53,13 @@ class GRPO(Algorithm):
     def setup(self, config: GRPOConfig) -> None:
         from ...coldstart import resolve_model_path
         from ...envs import load_tasks
+        from ...models.folders import require_model_folder
 
         # Resolve "embedded" once on the driver (builds and caches the tiny SFT policy), so that
         # learners and runners load the same folder instead of racing to build it.
         path = config.model_config["model_path"]
         resolved = resolve_model_path(path)
+        require_model_folder(resolved, path)  # a clear error here, not a failed download in an actor
         if resolved != path:
             for c in {id(config): config, id(self.config): self.config}.values():
                 frozen = c._is_frozen
