@@ -200,7 +200,7 @@ class MultiTurnRollout:
             {**m, "content": safe_text(m["content"])} if isinstance(m, dict) and "content" in m else m
             for m in messages
         ]
-        # the env's tool schemas (ToolEnv.tool_schemas) reach the template's tools block
+        # an env's optional ``tool_schemas`` (code_math's retool format) reach the template's tools block
         extra = {"tools": tools} if tools else {}
         ids = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, **extra

@@ -41,19 +41,26 @@ class SandboxConfig:
     site_packages: bool = True  # make this environment's site-packages importable (read-only)
     preamble: str = DEFAULT_PREAMBLE
     preimport: list[str] = field(default_factory=lambda: list(_PREIMPORT))
+    # stdout and stderr through separate pipes (``SandboxResult.stderr``); default: one merged
+    # stream in ``output``. A tool whose rules read stderr apart (ReTool's) needs them apart.
+    separate_stderr: bool = False
+    # Tracebacks as ``python script.py`` prints them on Python 3.10: every frame, the cell's
+    # source lines, no caret lines (default: at most 5 frames, no source lines).
+    script_tracebacks: bool = False
     uid_base: int = 61000
     uid_count: int = 1024
 
 
 @dataclass
 class SandboxResult:
-    output: str
+    output: str  # stdout+stderr merged; stdout only with ``separate_stderr``
     exit_code: int | None
     timed_out: bool = False
     output_truncated: bool = False
     error: str | None = None  # why it did not finish normally (timeout, output limit, signal, ...)
     backend: str = ""
     wall_s: float = 0.0
+    stderr: str = ""  # only with ``separate_stderr`` (else merged into ``output``)
 
     @property
     def ok(self) -> bool:

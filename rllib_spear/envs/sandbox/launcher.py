@@ -7,6 +7,11 @@ __all__: list[str] = []
 _LAUNCHER = r'''
 import json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
+# One thread per numeric library (numpy's OpenBLAS, OpenMP, MKL), set before anything loads
+# them: their default is a thread per core, and threads count against RLIMIT_NPROC and the
+# address-space limit, so on a many-core machine `import numpy` would fail or print errors.
+for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(v, "1")
 for p in cfg["site"]:
     sys.path.append(p)
 for m in cfg["preimport"]:
@@ -48,7 +53,12 @@ with open(cfg["cells"], encoding="utf-8") as f:
     cells = json.load(f)
 lim(resource.RLIMIT_AS, L["as"])
 g = {"__name__": "__main__", "__builtins__": __builtins__}
+SCRIPT_TB = cfg["script_tracebacks"]
+if SCRIPT_TB:
+    import linecache
 def run(src, name):
+    if SCRIPT_TB:  # source lines in tracebacks, as for a script file
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     exec(compile(src, name, "exec"), g)
 rc = 0
 status = {}
@@ -77,7 +87,7 @@ except BaseException as e:
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next
     try:
-        traceback.print_exception(type(e), e, tb, limit=5)
+        traceback.print_exception(type(e), e, tb, limit=None if SCRIPT_TB else 5)
     except BaseException:
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
     rc = 1

@@ -127,11 +127,15 @@ class PythonSandbox:
                 "quota_fs": backend == "bwrap",
                 "preimport": [] if backend == "bwrap" else cfg.preimport,
                 "preamble": "" if probe else cfg.preamble,
+                "script_tracebacks": bool(cfg.script_tracebacks),
                 "limits": {"cpu": int(max(1, cfg.cpu_time_s)), "as": int(cfg.memory_mb) << 20,
                            "nproc": int(nproc), "fsize": int(cfg.max_file_mb) << 20,
                            "nofile": int(cfg.max_open_files)},
             }
-            argv = [py, "-u", "-I", "-S", "-c", _LAUNCHER, json.dumps(lcfg)]
+            # script_tracebacks: no caret lines under tracebacks (Python >= 3.11 adds them; the
+            # 3.10 look, which SandboxFusion's runtime prints; older Pythons ignore the option)
+            xopts = ["-X", "no_debug_ranges"] if cfg.script_tracebacks else []
+            argv = [py, "-u", "-I", "-S", *xopts, "-c", _LAUNCHER, json.dumps(lcfg)]
             env = {"HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                    "PATH": "/usr/bin:/bin"}
             if backend == "bwrap":
@@ -166,10 +170,12 @@ class PythonSandbox:
     def _communicate(self, cmd, env, workdir, backend, t0, status_r, status_w) -> SandboxResult:
         cfg = self.config
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env, cwd=workdir, close_fds=True,
-                                pass_fds=(status_w,), start_new_session=True)
-        fd = proc.stdout.fileno()
-        buf = bytearray()
+                                stderr=subprocess.PIPE if cfg.separate_stderr else subprocess.STDOUT,
+                                env=env, cwd=workdir, close_fds=True, pass_fds=(status_w,),
+                                start_new_session=True)
+        # one buffer per pipe (stdout, and stderr when kept apart); the output cap is on their sum
+        bufs = {p.fileno(): bytearray() for p in (proc.stdout, proc.stderr) if p is not None}
+        open_fds = list(bufs)
         timed_out = truncated = over_quota = False
         quota = self._quota_bytes()
         # bwrap: the kernel enforces the quota (tmpfs size); elsewhere we measure the scratch dir
@@ -190,18 +196,20 @@ class PythonSandbox:
                     if _dir_bytes(workdir) > quota:
                         over_quota = True
                         break
-                r, _, _ = select.select([fd], [], [], min(left, 0.05 if measure else 0.25))
-                if not r:
-                    continue
-                chunk = os.read(fd, 1 << 16)
-                if not chunk:
+                r, _, _ = select.select(open_fds, [], [], min(left, 0.05 if measure else 0.25))
+                for fd in r:
+                    chunk = os.read(fd, 1 << 16)
+                    if not chunk:
+                        open_fds.remove(fd)
+                        continue
+                    room = cfg.max_output_bytes - sum(len(b) for b in bufs.values())
+                    if len(chunk) > room:
+                        bufs[fd] += chunk[: max(room, 0)]
+                        truncated = True
+                        break
+                    bufs[fd] += chunk
+                if truncated or not open_fds:
                     break
-                room = cfg.max_output_bytes - len(buf)
-                if len(chunk) > room:
-                    buf += chunk[: max(room, 0)]
-                    truncated = True
-                    break
-                buf += chunk
             if timed_out or truncated or over_quota:
                 self._kill(proc)
             rc, cpu = self._wait(proc, max(0.5, deadline - time.monotonic()))
@@ -213,7 +221,9 @@ class PythonSandbox:
             if proc.returncode is None:
                 self._kill(proc)
                 self._wait(proc, 5)
-            proc.stdout.close()
+            for pipe in (proc.stdout, proc.stderr):
+                if pipe is not None:
+                    pipe.close()
         status = {}
         try:
             os.set_blocking(status_r, False)
@@ -227,8 +237,9 @@ class PythonSandbox:
             rc = -(rc - 128)  # the namespace helper reports a child killed by signal N as 128+N
         err = _kill_reason(cfg, over_quota=over_quota, status=status, timed_out=timed_out, truncated=truncated,
                            rc=rc, cpu=cpu)
-        return SandboxResult(buf.decode("utf-8", "replace"), rc, timed_out, truncated, err, backend,
-                             time.monotonic() - t0)
+        texts = [bytes(b).decode("utf-8", "replace") for b in bufs.values()]
+        return SandboxResult(texts[0], rc, timed_out, truncated, err, backend, time.monotonic() - t0,
+                             stderr=texts[1] if len(texts) > 1 else "")
 
     _wait = staticmethod(_wait_proc)
     _kill = staticmethod(_kill_proc)
