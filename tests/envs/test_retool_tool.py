@@ -77,6 +77,14 @@ def test_numpy_available(env):
     assert observe(env, "print(np.arange(3).sum())") == "3"
 
 
+def test_numpy_imports_under_a_tight_process_limit():
+    # OpenBLAS starts a thread per core unless told otherwise and threads count against
+    # RLIMIT_NPROC: without the launcher's one-thread setting `import numpy` fails as soon as the
+    # machine has more cores than max_processes (the released prelude imports numpy every call)
+    e = make_env("code_math", tool_format="retool", sandbox_config={"max_processes": 1})
+    assert observe(e, "import os\nprint(np.ones(2).sum(), os.environ['OPENBLAS_NUM_THREADS'])") == "2.0 1"
+
+
 def test_no_print(env):
     assert observe(env, "x = 1") == "Empty stdout! You might forget to print the answer."
 
