@@ -249,6 +249,7 @@ class ReToolCallParser:
                 notes.append("a <tool_call> whose name is not a string was dropped")
                 continue
             valid.append((name, args))
+        notes = list(dict.fromkeys(notes))  # one note per kind, however many blocks were dropped
         if not valid:
             return ParsedTurn("answer", notes=notes or ["no valid <tool_call>"])
         calls = []

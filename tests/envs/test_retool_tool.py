@@ -144,6 +144,8 @@ def test_call_rule():
     assert len(p.parse(one + call("print(2)")).calls) == 1  # max_parallel_calls: 1, the first runs
     t = p.parse('<tool_call>{bad</tool_call>' + call("print(3)"))
     assert t.kind == "tool" and t.calls[0].arguments["code"] == "print(3)"  # invalid JSON dropped
+    assert p.parse("<tool_call>{bad</tool_call>" * 500).notes == [
+        "a <tool_call> that is not JSON with 'name' and 'arguments' was dropped"]
     for text in ("<tool_call>{bad</tool_call> \\boxed{4}", "no call \\boxed{4}", "<tool_call>" + json.dumps(
             {"name": "code_interpreter", "arguments": {"code": "1"}}),  # no closing tag
             '<tool_call>{"name": "search", "arguments": {"q": 1}}</tool_call>',
