@@ -3,8 +3,10 @@
 Every execution is a fresh process (``python -u -I -S``) in a throwaway working directory that is
 deleted afterwards, with a scrubbed environment (only ``HOME``/``TMPDIR`` = the scratch dir,
 ``LANG``, ``PYTHONDONTWRITEBYTECODE``), stdin closed, stdout+stderr captured through one pipe read
-up to ``max_output_bytes`` (the process is killed past it), and a wall-clock timeout after which
-the whole process tree is killed. A small launcher sets these rlimits before the model's code
+up to ``max_output_bytes`` (the process is killed past it; ``separate_stderr``: two pipes, the cap
+on their sum), and a wall-clock timeout after which the whole process tree is killed. Numeric
+libraries get one thread (``OPENBLAS_NUM_THREADS`` / ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``
+= 1): threads count against the process limit. A small launcher sets these rlimits before the model's code
 runs: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``), processes
 (``RLIMIT_NPROC``), file size (``RLIMIT_FSIZE``, SIGXFSZ ignored so an oversized write fails
 with an error), open files, no core dumps. Interpreter state can persist across turns
