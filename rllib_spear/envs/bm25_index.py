@@ -26,6 +26,7 @@ every array is memory-mapped read-only, and the processes of one machine share i
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import mmap
@@ -67,9 +68,16 @@ def build_count() -> int:
 
 @lru_cache(maxsize=1)
 def _stopwords() -> frozenset[str]:
-    from bm25s.stopwords import STOPWORDS_EN
-
-    return frozenset(STOPWORDS_EN)
+    """bm25s's ``STOPWORDS_EN``, read from its ``stopwords.py`` (a plain data module) without
+    importing the bm25s package: its scoring backends add ~1 s and ~70 MB to every process that
+    only searches."""
+    spec = importlib.util.find_spec("bm25s")
+    if spec is None or spec.origin is None:
+        raise ImportError("bm25s is needed for its English stopword list: pip install bm25s")
+    file_spec = importlib.util.spec_from_file_location("_bm25s_stopwords", Path(spec.origin).with_name("stopwords.py"))
+    module = importlib.util.module_from_spec(file_spec)
+    file_spec.loader.exec_module(module)
+    return frozenset(module.STOPWORDS_EN)
 
 
 def tokenize(text: str) -> list[str]:
@@ -140,48 +148,61 @@ class _Scratch:
             f.close()
 
 
-def _pass1(batches: Iterable[Sequence[str]], scratch: _Scratch, progress) -> tuple[dict[str, int], np.ndarray, int, int]:
-    """Tokenize every batch; returns (vocab, df, number of documents, total tokens)."""
+def _pass1(batches: Iterable[Sequence[str]], scratch: _Scratch, progress) -> tuple[list[str], np.ndarray, int, int]:
+    """Tokenize every batch; returns (terms in id order, df, number of documents, total tokens).
+
+    Term ids by first appearance, as bm25s assigns them. Speed: a document's words are mapped by
+    one C-level ``map(dict.get)``; only unseen words take the Python loop, and stopwords map to
+    -1 and are dropped in numpy."""
     import array
 
-    vocab: dict[str, int] = {}
+    vocab: dict[str, int] = dict.fromkeys(_stopwords(), -1)
+    get = vocab.get
+    n_terms = 0
     df = np.zeros(0, dtype=np.int64)
     n_docs = total = 0
     for docs in batches:
         flat = array.array("i")
-        lens = np.empty(len(docs), dtype=np.int64)
+        raw = np.empty(len(docs), dtype=np.int64)  # tokens per document, stopwords included
         for k, doc in enumerate(docs):
-            toks = tokenize(doc)
-            flat.extend([vocab.setdefault(w, len(vocab)) for w in toks])
-            lens[k] = len(toks)
+            words = _TOKEN.findall(doc.lower())
+            ids = list(map(get, words))
+            j = -1
+            for _ in range(ids.count(None)):  # unseen words, in order (count and index scan in C)
+                j = ids.index(None, j + 1)
+                i = ids[j] = vocab.setdefault(words[j], n_terms)
+                n_terms += i == n_terms
+            flat.extend(ids)
+            raw[k] = len(ids)
         ids = np.frombuffer(flat, dtype=np.int32).astype(np.int64)
-        local = np.repeat(np.arange(len(docs), dtype=np.int64), lens)
+        keep = ids >= 0
+        local = np.repeat(np.arange(len(docs), dtype=np.int64), raw)[keep]
+        ids = ids[keep]
+        lens = np.bincount(local, minlength=len(docs))
         # unique (document, term) pairs, document-major: the tf of each term in each document
         pairs, tfs = np.unique((local << 32) | ids, return_counts=True)
         terms = (pairs & 0xFFFFFFFF).astype(np.int32)
         uniq = np.bincount(pairs >> 32, minlength=len(docs))
-        if len(df) < len(vocab):
-            df = np.concatenate([df, np.zeros(len(vocab) - len(df), dtype=np.int64)])
-        df += np.bincount(terms, minlength=len(df))
+        if len(df) < n_terms:  # grow geometrically: one copy per doubling of the vocabulary
+            df = np.concatenate([df, np.zeros(max(n_terms - len(df), len(df)), dtype=np.int64)])
+        present, count = np.unique(terms, return_counts=True)  # O(batch), not O(vocabulary)
+        df[present] += count
         scratch.append(terms=terms, tfs=tfs, uniq=uniq, lens=lens)
         n_docs += len(docs)
         total += int(lens.sum())
         progress(n_docs)
-    return vocab, df, n_docs, total
+    terms = [w for w, i in vocab.items() if i >= 0]  # insertion order = id order
+    return terms, df[:n_terms], n_docs, total
 
 
-def _save_vocab(vocab: dict[str, int], out: Path) -> None:
-    """``vocab.bin``: the tokens' UTF-8 bytes sorted; ``vocab_offsets.npy`` (int64, V+1) where each
-    starts; ``vocab_ids.npy`` (int32, V) the term id (CSC column) of each sorted token."""
-    enc = [w.encode("utf-8") for w in vocab]  # dict order is id order
+def _save_vocab(terms: list[str], out: Path) -> None:
+    """``vocab.bin``: the terms' UTF-8 bytes sorted; ``vocab_offsets.npy`` (int64, V+1) where each
+    starts; ``vocab_ids.npy`` (int32, V) the term id (CSC column) of each sorted term."""
+    enc = [w.encode("utf-8") for w in terms]
     order = sorted(range(len(enc)), key=enc.__getitem__)
     offsets = np.zeros(len(enc) + 1, dtype=np.int64)
-    with open(out / "vocab.bin", "wb") as f:
-        pos = 0
-        for k, i in enumerate(order):
-            f.write(enc[i])
-            pos += len(enc[i])
-            offsets[k + 1] = pos
+    np.cumsum([len(enc[i]) for i in order], out=offsets[1:])
+    (out / "vocab.bin").write_bytes(b"".join([enc[i] for i in order]))
     np.save(out / "vocab_offsets.npy", offsets)
     np.save(out / "vocab_ids.npy", np.asarray(order, dtype=np.int32))
 
@@ -226,7 +247,7 @@ def _pass2(scratch: Path, out: Path, variant: BM25Variant, df: np.ndarray, n_doc
 
 
 def build_index(batches: Iterable[Sequence[str]], out_dir: str | os.PathLike, *, k1: float = 1.5,
-                b: float = 0.75, method: str = "lucene", chunk_docs: int = 65536,
+                b: float = 0.75, method: str = "lucene", chunk_docs: int = 8192,
                 progress: Callable[[int], None] | None = None) -> dict:
     """Build the index of the documents yielded batch by batch into the empty folder ``out_dir``
     (its ``meta.json`` is written last). ``progress(documents tokenized so far)`` is called
@@ -238,14 +259,14 @@ def build_index(batches: Iterable[Sequence[str]], out_dir: str | os.PathLike, *,
     scratch.mkdir(parents=True, exist_ok=True)
     files = _Scratch(scratch)
     try:
-        vocab, df, n_docs, total = _pass1(batches, files, progress or (lambda n: None))
+        terms, df, n_docs, total = _pass1(batches, files, progress or (lambda n: None))
     finally:
         files.close()
     if n_docs == 0:
         raise ValueError("BM25 build: the corpus has no documents")
-    _save_vocab(vocab, out)
-    n_terms = len(vocab)
-    del vocab  # the biggest Python object of the build: pass 2 does not need it
+    _save_vocab(terms, out)
+    n_terms = len(terms)
+    del terms  # the biggest Python object of the build: pass 2 does not need it
     avgdl = np.float64(total) / n_docs  # = mean of the lengths, exactly (an integer sum < 2**53)
     nnz = _pass2(scratch, out, variant, df, n_docs, avgdl, k1, b, chunk_docs) if total else _empty(out, n_terms)
     for f in scratch.iterdir():

@@ -241,7 +241,7 @@ def _open_parquet(path: str):
     return pf
 
 
-def iter_corpus_batches(path: str | os.PathLike, batch_rows: int = 16384
+def iter_corpus_batches(path: str | os.PathLike, batch_rows: int = 4096
                         ) -> Iterator[tuple[int, list[str], list[str], list[str]]]:
     """``(first row, ids, titles, texts)`` for consecutive batches of at most ``batch_rows``
     rows of a corpus parquet, each validated by :func:`check_corpus_values`; only one batch is

@@ -168,7 +168,7 @@ class BM25Retriever:
 
     def __init__(self, corpus_path: str | os.PathLike, *, k1: float = 1.5, b: float = 0.75,
                  method: str = "lucene", cache_dir: str | os.PathLike | None = None,
-                 batch_rows: int = 16384):
+                 batch_rows: int = 4096):
         BM25_VARIANTS.get(method)  # an unknown method fails here, before any hashing
         path = Path(corpus_path).resolve()
         self.corpus_path = str(path)
