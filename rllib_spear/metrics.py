@@ -1,14 +1,18 @@
-"""Per-iteration rollout metrics computed from trajectories (what RL people look at)."""
+"""Per-iteration rollout metrics computed from trajectories (what RL people look at), and the
+evaluation metrics per benchmark (``task_metrics``: success / EM / F1, mean@n, pass@k). No Ray here."""
 from __future__ import annotations
 
+import math
+import re
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from .core.trajectory import Trajectory
 
-__all__ = ["rollout_metrics", "task_metrics"]
+__all__ = ["rollout_metrics", "task_metrics", "pass_at_k", "pass_at_k_values", "source_name", "source_table",
+           "AVERAGE_SOURCE"]
 
 _OPTIONAL_MEANS = ("em", "f1", "precision", "recall", "correct")
 
@@ -76,23 +80,135 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     return out
 
 
-def task_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str, Any]] = ()) -> dict[str, float]:
-    """Evaluation metrics: the rollout means plus macro precision / recall / F1 / EM / success
-    (per question, averaged over its samples, then over questions) for the scores the
-    environment reports."""
-    m = rollout_metrics(trajs, runner_stats)
-    by_q: dict[str, list[Trajectory]] = defaultdict(list)
-    for t in trajs:
-        by_q[t.uid].append(t)
-    for key in ("precision", "recall", "f1", "em", "success"):
-        per_q = []
-        for ts in by_q.values():
-            vals = [float(t.stats.success) if key == "success" else t.stats.score(key) for t in ts]
+#: The row of the unweighted average over sources (the papers' "avg" column).
+AVERAGE_SOURCE = "avg"
+#: ``data_source`` values that mean "none given" (the task loaders write "unknown").
+_NO_SOURCE = (None, "", "unknown")
+#: Scores of :class:`EpisodeStats` averaged per source when the environment reports them.
+_TASK_SCORES = ("em", "f1", "precision", "recall")
+#: Rollout means kept as run-wide numbers of an evaluation.
+_EVAL_GLOBALS = ("reward_outcome_mean", "tool_call_rate", "tool_calls_per_episode", "turns_mean",
+                 "response_length_mean", "truncation_rate", "rollout_error_rate")
+# TensorBoard tags allow [A-Za-z0-9_.-/] (tensorboardX replaces anything else with "_"), and "/"
+# separates the levels of a tag: a source name keeps the rest and loses "/".
+_TAG_UNSAFE = re.compile(r"[^\w.-]")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one task from ``n`` samples, ``c`` of them correct (Chen et al. 2021,
+    "Evaluating Large Language Models Trained on Code"):
+
+        pass@k = 1 - C(n - c, k) / C(n, k)        (= 1 when n - c < k)
+
+    the probability that k samples drawn without replacement from the n contain a correct one.
+    pass@1 = c / n; pass@n = 1 if c > 0 else 0."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"pass_at_k: n (samples of the task) must be an integer >= 1, got {n!r}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c (correct samples) must be in [0, n={n}], got {c!r}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k must be in [1, n={n}], got {k!r}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_values(n: int) -> list[int]:
+    """The k reported for n samples: 1, 2, 4, ... (powers of two) up to n, and n itself."""
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    return ks + ([n] if n >= 1 and ks[-1] != n else [])
+
+
+def source_name(task: Mapping[str, Any], default: str = "all") -> str:
+    """The benchmark a task belongs to: its ``data_source``, else ``default`` (the dataset's name),
+    made a safe TensorBoard tag level (characters other than letters, digits, ``_ . -`` become
+    ``_``; the reserved row name "avg" becomes "avg_")."""
+    src = task.get("data_source")
+    name = _TAG_UNSAFE.sub("_", str(default if src in _NO_SOURCE else src)) or "all"
+    return name + "_" if name == AVERAGE_SOURCE else name
+
+
+def _source_metrics(groups: Sequence[Sequence[Trajectory]]) -> dict[str, float]:
+    """Scores of one source from its tasks' sample groups (macro: per task, the mean over its
+    samples; then the mean over tasks)."""
+    n_min = min(len(g) for g in groups)
+    out = {"num_tasks": float(len(groups)), "num_episodes": float(sum(len(g) for g in groups))}
+    correct = [[bool(t.require_stats("task_metrics").success) for t in g] for g in groups]
+    out["success"] = _mean([_mean([float(c) for c in cs]) for cs in correct])
+    for key in _TASK_SCORES:
+        per_task = []
+        for g in groups:
+            vals = [t.stats.score(key) for t in g]
             if any(v is not None for v in vals):
-                per_q.append(float(np.mean([v or 0.0 for v in vals])))
-        if per_q:
-            m[f"macro_{key}"] = float(np.mean(per_q))
-    m["num_tasks"] = float(len(by_q))
-    keep = ("num_tasks", "num_episodes", "reward_outcome_mean", "success_rate",
-            "tool_call_rate", "tool_calls_per_episode", "turns_mean", "response_length_mean")
-    return {k: v for k, v in m.items() if k in keep or k.startswith("macro_") or k.endswith("_mean")}
+                per_task.append(_mean([v or 0.0 for v in vals]))
+        if per_task:
+            out[key] = _mean(per_task)
+    if n_min > 1:
+        out[f"mean_at_{n_min}"] = out["success"]
+        for k in pass_at_k_values(n_min):
+            out[f"pass_at_{k}"] = _mean([pass_at_k(len(cs), sum(cs), k) for cs in correct])
+    return out
+
+
+def task_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str, Any]] = (), *,
+                 default_source: str = "all") -> dict[str, float]:
+    """Evaluation metrics per benchmark (``data_source``) and their unweighted average, as one
+    flat dict (docs/design.md "Validation"):
+
+    * ``<source>/num_tasks``, ``<source>/num_episodes``;
+    * ``<source>/success``, and ``em`` / ``f1`` / ``precision`` / ``recall`` when the environment
+      reports them: per task, the mean over its n samples; then the mean over the source's tasks
+      (macro; a sample that reports no score counts 0 when another sample of the task does);
+    * with n > 1 samples per task: ``<source>/mean_at_<n>`` (= success, the mean over the n
+      samples) and ``<source>/pass_at_<k>`` for k = 1, 2, 4, ... <= n and n, each the mean over
+      tasks of :func:`pass_at_k` (unbiased, 1 - C(n-c, k) / C(n, k), c = successful samples);
+      with unequal group sizes, n is the smallest;
+    * ``avg/<metric>``: the unweighted mean over the sources that have the metric (each
+      benchmark counts once, whatever its size: the papers' "avg" column);
+    * run-wide, without a "/": ``num_tasks``, ``num_episodes``, ``num_sources`` and the rollout
+      means ``reward_outcome_mean``, ``tool_call_rate``, ``tool_calls_per_episode``,
+      ``turns_mean``, ``response_length_mean``, ``truncation_rate``, ``rollout_error_rate``.
+
+    Tasks are the trajectories' uids; a task's source is :func:`source_name` of its task dict
+    (``default_source`` when it has no ``data_source``). Names avoid "@" (pass_at_4, not pass@4):
+    TensorBoard tags allow only letters, digits and ``_ . - /``.
+    """
+    by_task: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajs:
+        by_task[t.uid].append(t)
+    by_source: dict[str, list[list[Trajectory]]] = defaultdict(list)
+    for group in by_task.values():
+        by_source[source_name(group[0].task, default_source)].append(group)
+    per_source = {s: _source_metrics(groups) for s, groups in sorted(by_source.items())}
+    out: dict[str, float] = {}
+    for s, m in per_source.items():
+        out.update({f"{s}/{k}": v for k, v in m.items()})
+    score_keys = [k for m in per_source.values() for k in m if not k.startswith("num_")]
+    for k in dict.fromkeys(score_keys):  # first-seen order, no repeats
+        out[f"{AVERAGE_SOURCE}/{k}"] = _mean([m[k] for m in per_source.values() if k in m])
+    rollout = rollout_metrics(trajs, runner_stats)
+    out["num_tasks"] = float(len(by_task))
+    out["num_episodes"] = float(len(trajs))
+    out["num_sources"] = float(len(per_source))
+    out.update({k: rollout[k] for k in _EVAL_GLOBALS if k in rollout})
+    return out
+
+
+def source_table(metrics: Mapping[str, float]) -> tuple[list[str], list[str], dict[str, dict[str, float]]]:
+    """(rows, columns, cells) of a :func:`task_metrics` dict: one row per source, then "avg";
+    the columns are the metric names in first-seen order; ``cells[row][column]``. The "avg"
+    row's ``num_tasks`` / ``num_episodes`` are the run's totals."""
+    cells: dict[str, dict[str, float]] = defaultdict(dict)
+    for key, v in metrics.items():
+        if "/" in key:
+            row, col = key.split("/", 1)
+            cells[row][col] = v
+    for col in ("num_tasks", "num_episodes"):
+        if AVERAGE_SOURCE in cells and col in metrics:
+            cells[AVERAGE_SOURCE][col] = metrics[col]
+    rows = [r for r in cells if r != AVERAGE_SOURCE] + ([AVERAGE_SOURCE] if AVERAGE_SOURCE in cells else [])
+    cols = list(dict.fromkeys(c for r in rows for c in cells[r]))
+    return rows, cols, dict(cells)

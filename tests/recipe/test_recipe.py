@@ -121,7 +121,7 @@ def test_sil_on_grpo_replays_and_checkpoints():
 
 
 def test_recipe_layer_imports_no_ray():
-    code = ("import sys; import rllib_spear.recipe, rllib_spear.core.episode, rllib_spear.testing; "
+    code = ("import sys; import rllib_spear.recipe, rllib_spear.core.episode, rllib_spear.testing, rllib_spear.metrics; "
             "bad = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')); "
             "print(bad); sys.exit(1 if bad else 0)")
     env = {**os.environ, "RLLIB_SPEAR_NO_REGISTER": "1"}
