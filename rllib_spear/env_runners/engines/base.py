@@ -4,6 +4,9 @@ Token-in/token-out: prompts are token ids, outputs are the sampled token ids exa
 engine produced them (stop strings and the end-of-turn token kept), with the log-prob of each
 sampled token under the *sampling* distribution at temperature T (logits / T, before top-p/top-k
 truncation), which is what the trainer recomputes.
+
+Temperature 0 is greedy decoding (evaluation): the argmax token at every step, top-p/top-k
+ignored, the same output for any seed; its log-probs are those of softmax(logits) (T = 1).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ __all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine"]
 
 @dataclass
 class SamplingConfig:
-    """Sampling parameters, mirrored on vLLM's SamplingParams."""
+    """Sampling parameters, mirrored on vLLM's SamplingParams (``temperature=0``: greedy)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -29,14 +32,19 @@ class SamplingConfig:
     seed: int | None = None
 
     def validate(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(f"SamplingConfig.temperature must be > 0, got {self.temperature}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"SamplingConfig.temperature must be > 0, or 0 for greedy decoding, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"SamplingConfig.top_k must be -1 (off) or >= 1, got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingConfig.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: argmax decoding."""
+        return self.temperature == 0
 
 
 @dataclass

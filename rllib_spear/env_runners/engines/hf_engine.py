@@ -159,12 +159,15 @@ class HFEngine(GenerationEngine):
         step_tokens, step_lps = [], []  # per step: [live] tensors, mapped by `rows` snapshots
         for step in range(max_cap):
             scaled = logits.float()
-            if T != 1.0:
+            if T not in (0.0, 1.0):
                 scaled = scaled / T
             logp_full = torch.log_softmax(scaled, dim=-1)
-            filt = apply_top_k_top_p(scaled, sampling.top_k, sampling.top_p)
-            probs = torch.softmax(filt, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+            if T == 0.0:  # greedy: the argmax (first on ties), no draw; log-probs at T = 1
+                nxt = scaled.argmax(dim=-1)
+            else:
+                filt = apply_top_k_top_p(scaled, sampling.top_k, sampling.top_p)
+                probs = torch.softmax(filt, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
             lp = logp_full.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt_l, lp_l, rows_l = nxt.tolist(), lp.tolist(), rows.tolist()
             for t, l, r in zip(nxt_l, lp_l, rows_l):

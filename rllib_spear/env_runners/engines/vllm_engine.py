@@ -224,7 +224,9 @@ class VLLMEngine(GenerationEngine):
         from vllm.inputs import TokensPrompt
 
         sampling.validate()
-        if (sampling.top_p < 1.0 or (sampling.top_k or -1) > 0) and not self._warned_truncation:
+        # greedy (temperature 0): vLLM takes the argmax and ignores top-p/top-k and the seed
+        truncated = not sampling.greedy and (sampling.top_p < 1.0 or (sampling.top_k or -1) > 0)
+        if truncated and not self._warned_truncation:
             logger.warning(
                 "VLLMEngine: with top_p/top_k on, vLLM's log-probs are renormalised over the kept "
                 "tokens (processed_logprobs), unlike the HF engine's full-softmax convention."
