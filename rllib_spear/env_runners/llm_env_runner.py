@@ -4,12 +4,15 @@ It holds a generation engine (HF or vLLM), the tokenizer with its chat template,
 tool environments (see ``rollout.MultiTurnRollout``). The driver calls ``sample_groups`` with
 the tasks of this runner; weights arrive through RLlib's ``sync_weights`` -> ``set_state`` with
 torch tensors (never RLlib's float32-numpy conversion) and a version (WEIGHTS_SEQ_NO) that every
-trajectory records.
+trajectory records. ``evaluate_groups`` samples with per-call sampling parameters (validation,
+docs/design.md "Validation") and leaves everything training depends on as it was.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import dataclasses
+from typing import Any, Mapping, Sequence
 
+import numpy as np
 import ray
 from ray.rllib.core import COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
 from ray.rllib.env import INPUT_ENV_SPACES
@@ -26,7 +29,13 @@ from .engines.base import SamplingConfig
 from .placement import runner_engine_kwargs
 from .rollout import MultiTurnRollout, RolloutConfig
 
-__all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state"]
+__all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state", "EVAL_SAMPLING_KEYS"]
+
+#: The sampling parameters an evaluation call may set (the rest stay the training ones: stop
+#: strings and tokens, the end-of-turn token).
+EVAL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
+#: Separates the evaluation seed stream from the training one (any fixed number would do).
+_EVAL_STREAM = 0x5EED_E7A1
 
 
 def hf_state_dict_from_module_state(state: Any) -> dict:
@@ -101,6 +110,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             ),
         )
         self._sample_calls = 0
+        # Evaluation: its own rollout (own env pool and sampling parameters, same engine and
+        # limits) and its own call counter, so that it changes nothing training samples with.
+        self._eval_rollout = MultiTurnRollout(
+            engine=self.engine, tokenizer=self.tokenizer, env_factory=self._rollout.env_factory,
+            sampling=dataclasses.replace(self._rollout.sampling), config=self._rollout.config)
+        self._eval_calls = 0
 
     # ------------------------------------------------------------------ EnvRunner API
     def assert_healthy(self) -> None:
@@ -126,6 +141,34 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")
         self.metrics.log_value("num_episodes", len(trajs), reduce="sum")
         self.metrics.log_value("rollout_errors", stats.rollout_errors, reduce="sum")
+        return self._result(trajs, stats)
+
+    def evaluate_groups(self, *, tasks: Sequence[dict], group_size: int,
+                        sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Run ``group_size`` (n) episodes for each task with the training sampling parameters
+        overridden by ``sampling`` (keys of ``EVAL_SAMPLING_KEYS``, None = the training value;
+        ``temperature=0`` is greedy);
+        returns trajectories and stats like ``sample_groups``.
+
+        Evaluation only: the training rollout, its env pool, its seed sequence (``sample_groups``
+        seeds from a call counter this does not advance) and the runner metrics stay as they
+        were, so a run trains the same with or without evaluations in between. The seed is drawn
+        from (run seed, worker index, evaluation call), apart from the training stream."""
+        sampling = {k: v for k, v in (sampling or {}).items() if v is not None}  # None: the training value
+        unknown = sorted(set(sampling) - set(EVAL_SAMPLING_KEYS))
+        if unknown:
+            raise ValueError(f"evaluate_groups: unknown sampling keys {unknown}; allowed: {list(EVAL_SAMPLING_KEYS)}")
+        seed = int(np.random.SeedSequence(
+            [int(self.config.seed or 0), self.worker_index, self._eval_calls, _EVAL_STREAM]).generate_state(1)[0])
+        self._eval_calls += 1
+        params = dataclasses.replace(self._rollout.sampling, **sampling, seed=seed)
+        params.validate()
+        self._eval_rollout.sampling = params
+        trajs, stats = self._eval_rollout.run(tasks, group_size, policy_version=self._weights_seq_no)
+        return self._result(trajs, stats)
+
+    def _result(self, trajs: list[Trajectory], stats) -> dict[str, Any]:
+        """What a sampling call returns to the driver: trajectories, worker index, stats."""
         return {
             "trajectories": trajs,
             "worker_index": self.worker_index,
