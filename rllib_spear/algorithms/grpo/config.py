@@ -85,8 +85,10 @@ class GRPOConfig(AlgorithmConfig):
 
     def env_runners(self, **kwargs: Any) -> "GRPOConfig":
         """RLlib's ``env_runners()`` plus the engine and sampling knobs:
-        engine ("hf" | "vllm"), engine_kwargs, temperature, top_p, top_k, max_new_tokens (per
-        turn), stop, max_turns, max_model_len, max_response_tokens, max_observation_tokens,
+        engine ("hf" | "vllm"), engine_kwargs, temperature, top_p, top_k, max_new_tokens (the
+        per-turn token budget), stop, max_turns, max_model_len and max_response_tokens (the
+        per-episode budgets: prompt + response, and every token after the prompt, observations
+        included; docs/recipes.md "Token budgets"), max_observation_tokens,
         observation_template ("chatml" | "llama3")."""
         own = {k: kwargs.pop(k) for k in list(kwargs)
                if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}

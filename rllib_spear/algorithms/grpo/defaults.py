@@ -66,11 +66,11 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": -1,
-    "max_new_tokens": 128,
+    "max_new_tokens": 128,  # per-turn budget: the most tokens one assistant turn writes
     "stop": [],
     "max_turns": 4,
-    "max_model_len": 1024,
-    "max_response_tokens": 512,
+    "max_model_len": 1024,  # per-episode budget: prompt + every turn and observation (the context)
+    "max_response_tokens": 512,  # per-episode budget: every token after the prompt (docs/recipes.md)
     "max_observation_tokens": 256,
     "observation_template": "chatml",
 }
