@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("out", help="the corpus parquet to write (columns id, title, text)")
     c.add_argument("--limit", type=int, default=None, help="stop after N passages (a sample)")
     c.add_argument("--skip-bad", action="store_true", help="skip and count bad lines instead of stopping at the first")
-    c.add_argument("--row-group-size", type=int, default=4096, help="rows per parquet row group (default 4096)")
+    c.add_argument("--row-group-size", type=int, default=1024, help="rows per parquet row group (default 1024)")
     c.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (0: none)")
     c.set_defaults(func=_convert_corpus)
     args = parser.parse_args(argv)

@@ -195,16 +195,22 @@ def _pass1(batches: Iterable[Sequence[str]], scratch: _Scratch, progress) -> tup
     return terms, df[:n_terms], n_docs, total
 
 
-def _save_vocab(terms: list[str], out: Path) -> None:
+def _save_vocab(terms: list[str], out: Path, chunk: int = 1 << 16) -> None:
     """``vocab.bin``: the terms' UTF-8 bytes sorted; ``vocab_offsets.npy`` (int64, V+1) where each
-    starts; ``vocab_ids.npy`` (int32, V) the term id (CSC column) of each sorted term."""
-    enc = [w.encode("utf-8") for w in terms]
-    order = sorted(range(len(enc)), key=enc.__getitem__)
-    offsets = np.zeros(len(enc) + 1, dtype=np.int64)
-    np.cumsum([len(enc[i]) for i in order], out=offsets[1:])
-    (out / "vocab.bin").write_bytes(b"".join([enc[i] for i in order]))
+    starts; ``vocab_ids.npy`` (int32, V) the term id (CSC column) of each sorted term.
+
+    Sorting the ``str`` terms sorts their UTF-8 bytes (UTF-8 keeps code point order); an int64
+    argsort and chunked writes keep the extra memory at 16 bytes a term."""
+    order = np.argsort(np.array(terms, dtype=object), kind="stable")
+    offsets = np.zeros(len(terms) + 1, dtype=np.int64)
+    with open(out / "vocab.bin", "wb") as f:
+        for a in range(0, len(terms), chunk):
+            enc = [terms[i].encode("utf-8") for i in order[a:a + chunk].tolist()]
+            offsets[a + 1:a + 1 + len(enc)] = [len(e) for e in enc]
+            f.write(b"".join(enc))
+    np.cumsum(offsets, out=offsets)
     np.save(out / "vocab_offsets.npy", offsets)
-    np.save(out / "vocab_ids.npy", np.asarray(order, dtype=np.int32))
+    np.save(out / "vocab_ids.npy", order.astype(np.int32))
 
 
 def _pass2(scratch: Path, out: Path, variant: BM25Variant, df: np.ndarray, n_docs: int, avgdl: np.float64,

@@ -241,8 +241,11 @@ class BM25Retriever:
         if not ids or top_k <= 0:
             return []
         scores = self._index.scores(ids)
-        top = top_k_indices(scores, top_k)
-        return [(self.passage(int(i)), float(scores[i])) for i in top if scores[i] > 0]
+        # rank only the passages that contain a query word (ascending rows, so ties still break
+        # by row): the same hits as ranking all N, without a partition of N scores
+        hit = np.flatnonzero(scores > 0)
+        top = hit[top_k_indices(scores[hit], top_k)]
+        return [(self.passage(int(i)), float(scores[i])) for i in top]
 
     def batch_search(self, queries: Sequence[str], top_k: int = 5) -> list[list[Passage]]:
         return [[p for p, _ in self.search(q, top_k)] for q in queries]
