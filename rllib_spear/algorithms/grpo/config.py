@@ -20,7 +20,8 @@ from ...env_runners.placement import resolve_runner_gpus
 from ...recipe import DRBOT_FILTERS
 from ...recipe.checks import check_recipe
 from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
-    EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS, LOW_PRECISION_MASTER_EFFECT,
+    EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, EVALUATION_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS,
+    LOW_PRECISION_MASTER_EFFECT,
     MIXED_PRECISION, PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE, SAMPLING_DEFAULTS, SHARDING_STRATEGIES,
     training_defaults,
 )
@@ -37,7 +38,7 @@ class GRPOConfig(AlgorithmConfig):
             algo_class = GRPO
         super().__init__(algo_class=algo_class)
         for k, v in {**training_defaults(), **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
-                     **ENGINE_RESOURCE_DEFAULTS}.items():
+                     **ENGINE_RESOURCE_DEFAULTS, **EVALUATION_DEFAULTS}.items():
             setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
         # RLlib settings that fit this workload.
         from ...env_runners.llm_env_runner import LLMEnvRunner
@@ -123,6 +124,49 @@ class GRPOConfig(AlgorithmConfig):
             if v is not NotProvided:
                 setattr(self, k, v)
         return self
+
+    def evaluation(self, *, evaluation_interval: Any = NotProvided, eval_before_train: Any = NotProvided,
+                   eval_split: Any = NotProvided, eval_num_tasks: Any = NotProvided,
+                   eval_samples: Any = NotProvided, eval_temperature: Any = NotProvided,
+                   eval_top_p: Any = NotProvided, eval_top_k: Any = NotProvided,
+                   eval_max_new_tokens: Any = NotProvided, **kwargs: Any) -> "GRPOConfig":
+        """Validation during training (docs/design.md "Validation"), on the training env runners.
+
+        Args:
+            evaluation_interval: RLlib's: evaluate after every N-th training iteration (results
+                under ``result["evaluation"]``); None or 0 = never.
+            eval_before_train: also evaluate once before the first iteration (verl's
+                ``val_before_train``); reported as ``result["evaluation_before_train"]`` of the
+                first result.
+            eval_split: the split of ``environment(eval_dataset=...)`` (None = the dataset's, or
+                the environment's embedded, test split) to evaluate on.
+            eval_num_tasks: evaluate on its first K tasks (None = all).
+            eval_samples: n episodes per task; n > 1 adds mean@n and pass@k.
+            eval_temperature: 0 = greedy (the default), else sampling at this temperature.
+            eval_top_p, eval_top_k: nucleus / top-k truncation (1.0 / -1 = off).
+            eval_max_new_tokens: tokens per turn (None = ``env_runners(max_new_tokens=...)``).
+            **kwargs: RLlib's other ``evaluation()`` settings. A separate evaluation
+                EnvRunnerGroup is never built (``evaluation_num_env_runners`` must stay 0), and
+                ``custom_evaluation_function`` replaces this evaluation when set.
+        """
+        own = {"eval_before_train": eval_before_train, "eval_split": eval_split, "eval_num_tasks": eval_num_tasks,
+               "eval_samples": eval_samples, "eval_temperature": eval_temperature, "eval_top_p": eval_top_p,
+               "eval_top_k": eval_top_k, "eval_max_new_tokens": eval_max_new_tokens}
+        super().evaluation(evaluation_interval=evaluation_interval, **kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    def get_evaluation_config_object(self) -> "GRPOConfig | None":
+        """RLlib's evaluation config, with its ``evaluation_interval`` cleared: ``Algorithm.setup``
+        builds a separate evaluation EnvRunnerGroup (in the driver, with a second engine) whenever
+        that config has an interval, while these algorithms evaluate on the training runners
+        (``GRPO.evaluate``). ``Algorithm.step`` reads the interval from the main config."""
+        eval_cfg = super().get_evaluation_config_object()
+        if eval_cfg is not None:
+            eval_cfg.evaluation_interval = None
+        return eval_cfg
 
     def environment(self, env: Any = NotProvided, *, dataset: Any = NotProvided,
                     eval_dataset: Any = NotProvided, **kwargs: Any) -> "GRPOConfig":
@@ -246,6 +290,7 @@ class GRPOConfig(AlgorithmConfig):
         if tis is not None and (isinstance(tis, bool) or not isinstance(tis, (int, float)) or tis < 0):
             err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm or one_step_off, else off), got {tis!r}")
         self._check_rollout_pipeline(err)
+        self._check_evaluation(err)
         # The loss knobs are checked by the core loss config itself, for the on-policy and the
         # replay loss alike: one source of truth, and what passes here cannot fail in the learner.
         for replay in (False, True):
@@ -317,6 +362,42 @@ class GRPOConfig(AlgorithmConfig):
         if lag < 1:
             err("`max_policy_lag` must be >= 1 with rollout_pipeline='one_step_off' (every batch after the "
                 f"first is one update old, so {lag} would drop them all), or use rollout_pipeline='sync'")
+
+    def _check_evaluation(self, err) -> None:
+        """The ``evaluation()`` knobs (docs/design.md "Validation")."""
+        def is_int(v: Any) -> bool:
+            return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+        where = "(set it with .evaluation(...))"
+        iv = self.evaluation_interval
+        if iv is not None and (not is_int(iv) or iv < 0):
+            err(f"`evaluation_interval` must be None (never), 0 (never) or an integer >= 1, got {iv!r} {where}")
+        if not isinstance(self.eval_before_train, bool):
+            err(f"`eval_before_train` must be True or False, got {self.eval_before_train!r} {where}")
+        if not isinstance(self.eval_split, str) or not self.eval_split:
+            err(f"`eval_split` must be a split name such as 'test', got {self.eval_split!r} {where}")
+        k = self.eval_num_tasks
+        if k is not None and (not is_int(k) or k < 1):
+            err(f"`eval_num_tasks` must be None (every task of the split) or an integer >= 1, got {k!r} {where}")
+        if not is_int(self.eval_samples) or self.eval_samples < 1:
+            err(f"`eval_samples` (episodes per task, n) must be an integer >= 1, got {self.eval_samples!r} {where}")
+        t = self.eval_temperature
+        if not is_num(t) or t < 0:
+            err(f"`eval_temperature` must be a number >= 0 (0 = greedy), got {t!r} {where}")
+        if not is_num(self.eval_top_p) or not 0 < self.eval_top_p <= 1:
+            err(f"`eval_top_p` must be in (0, 1] (1 = off), got {self.eval_top_p!r} {where}")
+        tk = self.eval_top_k
+        if not is_int(tk) or not (tk == -1 or tk >= 1):
+            err(f"`eval_top_k` must be -1 (off) or an integer >= 1, got {tk!r} {where}")
+        mt = self.eval_max_new_tokens
+        if mt is not None and (not is_int(mt) or mt < 1):
+            err(f"`eval_max_new_tokens` must be None (the training max_new_tokens) or an integer >= 1, got {mt!r} {where}")
+        if self.evaluation_num_env_runners:
+            err(f"`evaluation_num_env_runners` must be 0, got {self.evaluation_num_env_runners!r}: evaluation "
+                "runs on the training env runners (a separate evaluation group would load another engine)")
 
     def _warn_on_cold_start_call_format(self) -> None:
         """An "embedded:<task>" cold start knows one call format (``task_policy_env_config``);

@@ -97,6 +97,20 @@ ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
     "engine_gpu_memory_gb": None,  # memory of one engine GPU; None = gpu_memory_gb of learners()
 }
 
+#: evaluation() kwargs owned by this config (docs/design.md "Validation"), next to RLlib's
+#: ``evaluation_interval`` (evaluate every N training iterations; None = never). What the
+#: validation samples and on which split; the dataset is environment(eval_dataset=...).
+EVALUATION_DEFAULTS: dict[str, Any] = {
+    "eval_before_train": False,  # also evaluate once before the first iteration (verl's val_before_train)
+    "eval_split": "test",
+    "eval_num_tasks": None,  # the first K tasks of the split; None = all
+    "eval_samples": 1,  # n episodes per task; n > 1 adds mean@n and pass@k
+    "eval_temperature": 0.0,  # 0 = greedy
+    "eval_top_p": 1.0,
+    "eval_top_k": -1,  # -1 = off
+    "eval_max_new_tokens": None,  # per turn; None = env_runners(max_new_tokens=...)
+}
+
 SHARDING_STRATEGIES = ("ddp", "fsdp")
 #: What benchmarks/master_weights.py measured for one AdamW step at lr 1e-6 with bf16 weights and
 #: state vs fp32 master weights (quoted by the warning of validate()).

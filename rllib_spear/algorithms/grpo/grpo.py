@@ -13,6 +13,10 @@ named by the config):
  6. ``learner_group.update`` with whole groups per learner and global normalizers (replay
     joined or in its own optimizer steps);
  7. SIL admission, the version-checked weight sync, metrics.
+
+Validation (``evaluate``, docs/design.md "Validation") runs on the same runners between
+iterations, every ``evaluation_interval`` iterations through RLlib's ``Algorithm.step``, and
+once before the first with ``eval_before_train``.
 """
 from __future__ import annotations
 
@@ -37,9 +41,11 @@ from .pipeline import OneStepOffPipeline
 from .rollouts import sample_groups
 from .weight_sync import sync_weights
 
-__all__ = ["GRPO", "DrBoT"]
+__all__ = ["GRPO", "DrBoT", "EVALUATION_BEFORE_TRAIN"]
 
 _STATE_KEY = "rllib_spear"
+#: The result key of the ``eval_before_train`` evaluation (in the first result only).
+EVALUATION_BEFORE_TRAIN = "evaluation_before_train"
 
 
 class GRPO(Algorithm):
@@ -219,20 +225,70 @@ class GRPO(Algorithm):
         self.metrics.log_value((key, "sample_time_s"), t_sample, window=1)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate_tasks(self, split: str = "test", num_tasks: int | None = None,
-                       group_size: int = 1) -> dict[str, float]:
-        """Sample ``group_size`` episodes per task of a dataset split with the current policy
-        and return task metrics: success / EM / F1 means and, for multi-answer tasks, macro
-        precision / recall / F1 (per question, averaged over its samples, then over questions)."""
+    def step(self) -> dict[str, Any]:
+        """RLlib's iteration (training, then ``evaluate`` every ``evaluation_interval``); with
+        ``eval_before_train``, the first one evaluates first and reports it under
+        ``EVALUATION_BEFORE_TRAIN``."""
+        before = self.evaluate() if self.config.eval_before_train and self.iteration == 0 else None
+        result = super().step()
+        if before is not None:
+            result[EVALUATION_BEFORE_TRAIN] = before
+        return result
+
+    def evaluate(self, parallel_train_future: Any = None) -> dict[str, float]:
+        """The validation of RLlib's ``Algorithm.step`` (``result["evaluation"]``): the
+        ``evaluation()`` settings through :meth:`evaluate_tasks`, between RLlib's
+        ``on_evaluate_start`` / ``on_evaluate_end`` callbacks. A ``custom_evaluation_function``
+        replaces it (RLlib's own ``evaluate``)."""
+        if self.config.custom_evaluation_function:
+            return super().evaluate(parallel_train_future)
+        from ray.rllib.callbacks.utils import make_callback
+
+        make_callback("on_evaluate_start", callbacks_objects=self.callbacks,
+                      callbacks_functions=self.config.callbacks_on_evaluate_start,
+                      kwargs=dict(algorithm=self, metrics_logger=self.metrics))
+        metrics = self.evaluate_tasks()
+        make_callback("on_evaluate_end", callbacks_objects=self.callbacks,
+                      callbacks_functions=self.config.callbacks_on_evaluate_end,
+                      kwargs=dict(algorithm=self, metrics_logger=self.metrics, evaluation_metrics=metrics))
+        return metrics
+
+    def evaluate_tasks(self, split: str | None = None, num_tasks: int | None = None, samples: int | None = None,
+                       *, dataset: Any = None, temperature: float | None = None, top_p: float | None = None,
+                       top_k: int | None = None, max_new_tokens: int | None = None) -> dict[str, float]:
+        """Evaluate the current policy: ``samples`` (n) episodes per task of the first
+        ``num_tasks`` tasks of ``split`` of ``dataset``, sampled at ``temperature`` (0 = greedy)
+        / ``top_p`` / ``top_k`` with ``max_new_tokens`` per turn, on the training env runners.
+        Every None is the ``evaluation()`` setting (dataset: ``environment(eval_dataset=...)``,
+        else the training dataset's or the environment's embedded split).
+
+        Returns :func:`rllib_spear.metrics.task_metrics` (``<source>/<metric>`` per
+        ``data_source``, ``avg/<metric>``, mean@n and pass@k when n > 1) plus ``eval_time_s``,
+        ``policy_version`` (the weights evaluated) and ``lost_env_runner_samples``. Nothing
+        training depends on changes (docs/design.md "Validation")."""
         from ...envs import load_tasks
         from ...metrics import task_metrics
+        from .evaluation import dataset_label, eval_settings, eval_source, sample_for_evaluation
 
-        tasks = load_tasks(self.config.eval_dataset or self.config.dataset or self.config.env, split,
-                           env=self.config.env)
-        if num_tasks:
-            tasks = tasks[:num_tasks]
-        trajs, stats = self.sample(tasks, group_size=group_size)
-        return task_metrics(trajs, stats)
+        cfg = self.config
+        t0 = time.perf_counter()
+        run = eval_settings(cfg, split=split, num_tasks=num_tasks, samples=samples, temperature=temperature,
+                            top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
+        source = eval_source(cfg, dataset)
+        tasks = load_tasks(source, run.split, env=cfg.env)
+        if run.num_tasks:
+            tasks = tasks[:run.num_tasks]
+
+        def resync() -> int:  # every runner restarted: they need the current weights first
+            self.sync_weights()
+            return self._policy_version
+
+        trajs, stats, lost = sample_for_evaluation(self.env_runner_group, tasks, run.samples, run.sampling, resync)
+        out = task_metrics(trajs, stats, default_source=dataset_label(source))
+        out["policy_version"] = float(self._policy_version)
+        out["lost_env_runner_samples"] = float(lost)
+        out["eval_time_s"] = time.perf_counter() - t0
+        return out
 
     # ------------------------------------------------------------------ checkpoint state
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
