@@ -2,6 +2,7 @@
 
     rllib-spear train configs/spear_cpu_demo.yaml --set training.lr=5e-5 --set stop.training_iteration=5
     rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
+    rllib-spear eval <checkpoint> --dataset data/aime.parquet --n 32 --temperature 1 --top-p 0.6 --json out.json
     rllib-spear export results/spear_cpu_demo/<trial>/checkpoint_000010 exported_model/
     rllib-spear plan configs/spear_qwen2.5_7b_search.yaml --gpu-memory-gb 80
     rllib-spear convert-corpus wiki-18.jsonl.gz data/wiki18.parquet
@@ -191,25 +192,67 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    """Evaluate a checkpoint (``GRPO.evaluate_tasks``): a per-benchmark table on stdout (rows =
+    ``data_source``, then the unweighted average; columns = the metrics) and, with ``--json``,
+    the settings and every metric in a file. Unset options take the checkpoint's
+    ``evaluation()`` settings."""
     import ray
 
     import rllib_spear  # noqa: F401
     from ray.rllib.algorithms.algorithm import Algorithm
+    from rllib_spear import GRPOConfig
+    from rllib_spear.algorithms.grpo.evaluation import eval_settings, eval_source
 
+    overrides = {"split": args.split, "num_tasks": args.num_tasks, "samples": args.n, "temperature": args.temperature,
+                 "top_p": args.top_p, "top_k": args.top_k, "max_new_tokens": args.max_new_tokens}
+    try:  # the options given, before the (slow) restore; unset ones are the checkpoint's, checked below
+        eval_settings(GRPOConfig(), **overrides)
+    except ValueError as e:
+        print(f"eval: {e}", file=sys.stderr)
+        return 2
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
     algo = Algorithm.from_checkpoint(os.path.abspath(args.checkpoint))
     try:
-        metrics = algo.evaluate_tasks(split=args.split, num_tasks=args.num_tasks,
-                                      group_size=args.samples)
+        try:  # bad settings or a dataset that does not load: say so, no traceback
+            run = eval_settings(algo.config, **overrides)
+            metrics = algo.evaluate_tasks(dataset=args.dataset, **overrides)
+        except ValueError as e:
+            print(f"eval: {e}", file=sys.stderr)
+            return 2
+        source = eval_source(algo.config, args.dataset)
+        settings = {"checkpoint": os.path.abspath(args.checkpoint),
+                    "dataset": str(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__,
+                    "split": run.split, "num_tasks": run.num_tasks, "n": run.samples,
+                    **run.sampling, "max_new_tokens": run.sampling["max_new_tokens"] or algo.config.max_new_tokens}
     finally:
         algo.stop()
-    width = max(len(k) for k in metrics)
-    for k, v in metrics.items():
-        print(f"{k:<{width}}  {v:.4f}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    print(", ".join(f"{k} {v}" for k, v in settings.items() if k != "checkpoint"))
+    print(format_source_table(metrics))
+    print(", ".join(f"{k} {metrics[k]:.4g}" for k in metrics if "/" not in k))
     if args.json:
-        Path(args.json).write_text(json.dumps(metrics, indent=2))
+        Path(args.json).write_text(json.dumps({"settings": settings, "metrics": metrics}, indent=2))
     return 0
+
+
+def format_source_table(metrics: dict[str, float]) -> str:
+    """The per-benchmark table of a ``task_metrics`` dict: one row per ``data_source``, the
+    "avg" row last (its counts are the totals), one column per metric."""
+    from rllib_spear.metrics import source_table
+
+    rows, cols, cells = source_table(metrics)
+    first = max([len("source"), *map(len, rows)])
+    widths = [max(len(c), 6) for c in cols]
+
+    def cell(row: str, col: str, w: int) -> str:
+        v = cells[row].get(col)
+        if v is None:
+            return "-".rjust(w)
+        return (f"{int(v)}" if col.startswith("num_") else f"{v:.4f}").rjust(w)
+
+    lines = ["  ".join(["source".ljust(first), *(c.rjust(w) for c, w in zip(cols, widths))])]
+    lines += ["  ".join([r.ljust(first), *(cell(r, c, w) for c, w in zip(cols, widths))]) for r in rows]
+    return "\n".join(lines)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -277,12 +320,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. training.lr=1e-5 or stop.training_iteration=3")
     p.set_defaults(func=_train)
-    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split")
+    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")
     e.add_argument("checkpoint")
-    e.add_argument("--split", default="test")
+    e.add_argument("--dataset", default=None,
+                   help="parquet file or folder, or a default-dataset name (default: the config's eval_dataset, "
+                        "else its dataset, else the environment's embedded data)")
+    e.add_argument("--split", default=None, help="dataset split (default: evaluation.eval_split, 'test')")
     e.add_argument("--num-tasks", type=int, default=None, help="first N tasks of the split (default all)")
-    e.add_argument("--samples", type=int, default=1, help="samples per task")
-    e.add_argument("--json", default=None, help="also write the metrics to this JSON file")
+    e.add_argument("--n", "--samples", dest="n", type=int, default=None,
+                   help="samples per task; n > 1 adds mean@n and pass@k (default: evaluation.eval_samples, 1)")
+    e.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: evaluation.eval_temperature, 0)")
+    e.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default: evaluation.eval_top_p, 1)")
+    e.add_argument("--top-k", type=int, default=None, help="top-k sampling, -1 = off (default: evaluation.eval_top_k)")
+    e.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per turn (default: evaluation.eval_max_new_tokens, else the training value)")
+    e.add_argument("--json", default=None, help="also write the settings and every metric to this JSON file")
     e.set_defaults(func=_eval)
     x = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
     x.add_argument("checkpoint")

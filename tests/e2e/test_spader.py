@@ -241,17 +241,20 @@ def test_checkpoint_restore_same_process(spader_checkpoint):
         algo.stop()
 
 
-def test_cli_eval_prints_macro_metrics(spader_checkpoint):
+def test_cli_eval_prints_macro_metrics(spader_checkpoint, tmp_path):
+    import json
+
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "GLOO_SOCKET_IFNAME": "lo"}
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run([sys.executable, "-m", "rllib_spear.cli", "eval", spader_checkpoint,
-                          "--num-tasks", "4"], capture_output=True, text=True, timeout=600, env=env)
+                          "--num-tasks", "4", "--json", str(tmp_path / "eval.json")],
+                         capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
-    lines = {ln.split()[0]: ln.split()[1] for ln in out.stdout.splitlines() if len(ln.split()) == 2}
-    for k in ("macro_precision", "macro_recall", "macro_f1"):
-        assert k in lines, out.stdout[-3000:]
-        assert 0.0 <= float(lines[k]) <= 1.0
-    assert float(lines["num_tasks"]) == 4.0
+    metrics = json.loads((tmp_path / "eval.json").read_text())["metrics"]
+    for k in ("precision", "recall", "f1"):  # macro over questions, per data_source and averaged
+        assert 0.0 <= metrics[f"avg/{k}"] <= 1.0, out.stdout[-3000:]
+    assert metrics["num_tasks"] == 4.0
+    assert any(ln.startswith("avg ") for ln in out.stdout.splitlines()), out.stdout[-3000:]
 
 
 def test_cli_trains_the_spader_demo_config_and_reports_f1(tmp_path):
