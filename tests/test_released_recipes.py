@@ -9,7 +9,6 @@ key of a builder section reaches the built config with that value.
 """
 from __future__ import annotations
 
-import copy
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -35,24 +34,6 @@ IDS = [f"{s['recipe']}:{Path(c).name}" for s, c in CASES]
 #: The four recipes of docs/recipes.md (a table for each).
 RECIPES = {"spear_qwen2.5_7b_search", "spear_qwen2.5_32b_code_math", "spear_qwen2.5_1.5b_text_game",
            "spader_qampari_llama8b"}
-
-
-def _evaluation_knobs_exist() -> bool:
-    """Whether ``evaluation()`` takes the recipes' eval_* keys (the validation feature)."""
-    from rllib_spear import GRPOConfig
-
-    return hasattr(GRPOConfig(), "eval_samples")
-
-
-def _built(exp: dict[str, Any]):
-    """The validated config of ``exp`` (without its ``evaluation`` section when the eval_* knobs
-    do not exist yet: that part is skipped in ``test_rows_reach_the_built_config``)."""
-    exp = copy.deepcopy(exp)
-    if not _evaluation_knobs_exist():
-        exp["config"].pop("evaluation", None)
-    cfg = build_config(exp)
-    cfg.validate()
-    return cfg
 
 
 def _config_value(cfg: Any, key: str) -> tuple[bool, Any]:
@@ -82,20 +63,13 @@ def test_rows_match_the_yaml(spec, config):
 
 @pytest.mark.parametrize("spec,config", CASES, ids=IDS)
 def test_rows_reach_the_built_config(spec, config):
-    exp = load_experiment(str(ROOT / config))
-    cfg = _built(exp)
-    skipped = []
+    cfg = build_config(load_experiment(str(ROOT / config)))
+    cfg.validate()
     for row in spec["rows"]:
         for key, value in rt.keys_and_values(row, config):
-            if key.startswith("evaluation.") and not _evaluation_knobs_exist():
-                skipped.append(key)
-                continue
             applies, got = _config_value(cfg, key)
             if applies:
                 assert rt.same(list(got) if isinstance(got, tuple) else got, value), (key, got, value)
-    if skipped:
-        pytest.skip(f"evaluation() has no eval_* knobs yet (the validation feature): {len(skipped)} "
-                    "evaluation.* rows were checked in the YAML only")
 
 
 def test_docs_are_what_the_generator_writes():
