@@ -3,7 +3,8 @@
     python scripts/released_table.py            # rewrite the generated part of docs/recipes.md
     python scripts/released_table.py --check    # exit 1 when docs/recipes.md is stale
 
-Each file of configs/released/ is one recipe: a title, the configs it describes, how to run it,
+Each file of configs/released/ is one recipe: a title, the configs it describes, how to run it
+(markdown),
 what a user provides, and one row per setting: ``setting``, ``released`` (the value in the
 released file), ``source`` (``owner/repo@commit:path``), ``key`` (a dotted path into our
 experiment YAML, or a list of them, or null), ``value`` (ours there, a list for a list of keys),
@@ -194,8 +195,7 @@ def render_recipe(spec: dict[str, Any]) -> str:
     configs = ", ".join(f"`{c}`" for c in spec["configs"])
     lines = [f"### {spec['title']}", "", spec["summary"].strip(), "",
              f"- Configs: {configs}; released files read: {', '.join(f'`{r}`' for r in repos)}.",
-             f"- Run: `{spec['run'].split('#')[0].strip()}`" + (f" ({spec['run'].split('#', 1)[1].strip()})"
-                                                              if "#" in spec["run"] else "") + ".",
+             f"- Run: {spec['run']}.",
              "- You provide: " + "; ".join(spec["provide"]) + ".", "",
              "| setting | released | source | our key | our value | note |",
              "| --- | --- | --- | --- | --- | --- |"]
