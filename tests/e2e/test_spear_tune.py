@@ -47,10 +47,22 @@ def test_tune_run_and_tuner(ray_session, tiny_model, tmp_path):
     assert r["training_iteration"] == 2
     _check_result(r)
 
+    # The Tuner run also validates during training on a two-source eval set (docs/design.md
+    # "Validation"): the per-source metrics and their average reach Tune's result.
+    from rllib_spear.envs import load_tasks
+
+    test = load_tasks("search_qa", "test")
+    sources = sorted({t["data_source"] for t in test})[:2]
+    eval_tasks = [t for s in sources for t in [t for t in test if t["data_source"] == s][:2]]
+    cfg.environment(eval_dataset=eval_tasks).evaluation(evaluation_interval=1, eval_max_new_tokens=12)
     grid = tune.Tuner("SPEAR", param_space=cfg, run_config=tune.RunConfig(
         stop={"training_iteration": 1}, storage_path=str(tmp_path / "tuner"), verbose=0)).fit()
     assert not grid.errors
     _check_result(grid[0].metrics)
+    ev = grid[0].metrics["evaluation"]
+    for s in (*sources, "avg"):
+        assert 0.0 <= ev[f"{s}/em"] <= 1.0 and 0.0 <= ev[f"{s}/success"] <= 1.0, sorted(ev)
+    assert ev["num_sources"] == 2 and ev["num_tasks"] == 4
 
 
 def test_checkpoint_restore_in_new_process(ray_session, tiny_model, tmp_path):

@@ -163,3 +163,13 @@ def test_cli_eval_prints_the_per_source_table(evaluated_run, eval_tasks, tmp_pat
     assert saved["metrics"]["bench/num_tasks"] == 3 and "avg/pass_at_2" in saved["metrics"]
     assert main(["eval", str(ckpt), "--top-p", "0"]) == 2, "a bad setting: a message, exit 2"
     assert "top_p" in capsys.readouterr().err
+
+
+def test_missing_eval_dataset_fails_at_build(ray_session, tmp_path):
+    """A recipe's placeholder eval set that is not there fails when the algorithm is built (the
+    error names the path), not at the first evaluation, 50 iterations in."""
+    missing = tmp_path / "search_r1_test.parquet"
+    cfg = (small_config(GRPOConfig, "embedded").environment(eval_dataset=str(missing))
+           .evaluation(evaluation_interval=50))
+    with pytest.raises(ValueError, match="search_r1_test.parquet: no such file"):
+        cfg.build_algo()

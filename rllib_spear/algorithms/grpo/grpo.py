@@ -66,6 +66,12 @@ class GRPO(Algorithm):
         path = config.model_config["model_path"]
         resolved = resolve_model_path(path)
         require_model_folder(resolved, path)  # a clear error here, not a failed download in an actor
+        if config.evaluation_interval or config.eval_before_train:
+            from .evaluation import eval_source
+
+            # A missing or malformed eval set fails now, before any actor starts, not at the first
+            # evaluation (step 50 of a recipe).
+            load_tasks(eval_source(config), config.eval_split, env=config.env)
         if resolved != path:
             for c in {id(config): config, id(self.config): self.config}.values():
                 frozen = c._is_frozen
