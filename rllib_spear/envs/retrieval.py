@@ -65,6 +65,8 @@ __all__ = [
 
 #: Corpora at least this large print a line and progress bars while their index is built.
 _BIG_CORPUS = 100_000
+#: Row groups larger than this make every hit of a big corpus slow to read (docs/retrieval.md).
+_BIG_ROW_GROUP = 16_384
 
 TRUNCATION_NOTE = "System Note: Retrieval results truncated at {max_chars} characters."
 
@@ -192,6 +194,10 @@ class BM25Retriever:
             raise ValueError(f"{self.index_dir}: index of {len(self._index)} passages for a corpus of "
                              f"{len(self._rows)} rows; delete that folder to rebuild it")
         self.ids, self.titles, self.texts = (_Column(self._rows, k) for k in range(3))
+        if len(self._rows) >= _BIG_CORPUS and self._rows.max_group_rows > _BIG_ROW_GROUP:
+            print(f"[rllib_spear] {self.corpus_path}: row groups of up to {self._rows.max_group_rows} rows; "
+                  f"each search hit decodes its whole group: rewrite the file with row_group_size=1024 "
+                  f"(what rllib-spear convert-corpus writes)", file=sys.stderr, flush=True)
 
     def _build(self, root: Path, key: str, *, k1: float, b: float, method: str, batch_rows: int) -> Path:
         """Build into a temporary folder and rename it into place; on a read-only cache, keep it
@@ -234,18 +240,24 @@ class BM25Retriever:
     def _query_ids(self, query: str) -> list[int]:
         return self._index.query_ids(query)
 
-    def search(self, query: str, top_k: int = 5) -> list[tuple[Passage, float]]:
-        """Top-k passages for one query with their scores (best first); [] when no query word is
-        in the index."""
+    def search_rows(self, query: str, top_k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, float32 scores) of the top-k passages with a positive score, best first, equal
+        scores by row; empty when no query word is in the index."""
         ids = self._query_ids(query)
         if not ids or top_k <= 0:
-            return []
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         scores = self._index.scores(ids)
         # rank only the passages that contain a query word (ascending rows, so ties still break
         # by row): the same hits as ranking all N, without a partition of N scores
         hit = np.flatnonzero(scores > 0)
         top = hit[top_k_indices(scores[hit], top_k)]
-        return [(self.passage(int(i)), float(scores[i])) for i in top]
+        return top, scores[top]
+
+    def search(self, query: str, top_k: int = 5) -> list[tuple[Passage, float]]:
+        """Top-k passages for one query with their scores (best first); [] when no query word is
+        in the index."""
+        rows, scores = self.search_rows(query, top_k)
+        return [(self.passage(int(i)), float(s)) for i, s in zip(rows, scores)]
 
     def batch_search(self, queries: Sequence[str], top_k: int = 5) -> list[list[Passage]]:
         return [[p for p, _ in self.search(q, top_k)] for q in queries]

@@ -126,3 +126,18 @@ def test_corpus_rows_reads_by_index_across_groups(tmp_path):
 def test_http_client_keeps_quotes_inside_titles():
     doc = HTTPRetriever._doc({"contents": '""Weird Al" Yankovic"\n"Weird Al" is a singer.'})
     assert (doc.title, doc.text) == ('"Weird Al" Yankovic', '"Weird Al" is a singer.')
+
+
+def test_benchmark_generator_writes_wiki18_lines(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bm25_index_memory as bench
+
+    bench.generate(tmp_path / "w.jsonl", 30, block=7)
+    stats = convert_corpus(tmp_path / "w.jsonl", tmp_path / "w.parquet", progress_every_s=0)
+    assert (stats.lines, stats.written) == (30, 30)
+    ids, titles, texts = load_corpus(tmp_path / "w.parquet")
+    assert ids == [str(i) for i in range(30)]
+    assert all(x.startswith(t + " ") and 20 <= len(x.split()) - len(t.split()) <= 181 for t, x in zip(titles, texts))
+    assert [bench.word(r) for r in (0, 1, 49)] == ["the", "of", "1000"] and bench.word(39) != bench.word(40)
