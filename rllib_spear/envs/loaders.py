@@ -46,8 +46,9 @@ generic             any dict (your own environment reads the keys it needs)
 =================== =====================================================================
 
 Every task gets a stable unique ``uid`` string: the ``uid`` (or ``id``) column when present, else
-a hash of the row's content (plus the row index on collisions). An id repeated within one
-``data_source`` is an error; ids repeated only across sources (Search-R1's merged test file has
+a hash of the row's content (plus the row index on collisions). Rows with an id that repeat an
+earlier row exactly are dropped with a warning (DAPO-Math-17k repeats each prompt 100 times); an id
+repeated within one ``data_source`` with other content is an error; ids repeated only across sources (Search-R1's merged test file has
 "test_0" in nq and in hotpotqa) make every id-based uid ``<data_source>/<id>``.
 The first bad row raises ``ValueError("<file>: row <i>, column '<col>': <what is wrong>")``.
 """
@@ -56,6 +57,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +252,30 @@ def _assign_uids(rows: list[dict], src: str) -> None:
         row["uid"] = uid
 
 
+def _drop_repeated_rows(rows: list[dict], src: str) -> list[dict]:
+    """Keep the first of rows with an id that are exactly equal (every column). Released files
+    repeat rows on purpose: DAPO-Math-17k holds each of its ~17k prompts 100 times (1.79M rows) and
+    DAPO's AIME-2024 parquet its 30 problems 32 times (for mean@32). Sampling uniformly over the
+    distinct tasks is sampling uniformly over those rows, and ``eval_samples`` gives the repeats at
+    evaluation; without this their shared ids would be refused as duplicates. A warning says how
+    many rows were dropped."""
+    seen: set[str] = set()
+    kept = []
+    for row in rows:
+        if _get(row, "uid", "id")[1] is None:  # rows without ids stay (their uids get the row index)
+            kept.append(row)
+            continue
+        key = _row_uid(row)
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    if len(kept) < len(rows):
+        warnings.warn(f"{src}: {len(rows) - len(kept)} of {len(rows)} rows repeat an earlier row exactly and "
+                      f"were dropped ({len(kept)} distinct tasks); use eval_samples / group_size for repeats",
+                      stacklevel=3)
+    return kept
+
+
 def validate_tasks(rows: list[dict[str, Any]], kind: str, src: str = "<tasks>", *,
                    dataset_format: str | DataFormat | None = None) -> list[dict[str, Any]]:
     """Validate/normalise task dicts of ``kind`` (see module docstring) and give each a uid;
@@ -269,6 +295,7 @@ def validate_tasks(rows: list[dict[str, Any]], kind: str, src: str = "<tasks>", 
         if fmt is not None:
             row = _convert(fmt, row, src, i)
         out.append(check(row, src, i))
+    out = _drop_repeated_rows(out, src)
     _assign_uids(out, src)
     return out
 

@@ -116,6 +116,20 @@ def test_dapo_math_loads_as_code_math(files):
     assert [x["answer"] for x in tasks] == ["84", "3", "33"]
 
 
+def test_exactly_repeated_rows_load_once_with_a_warning(tmp_path):
+    """The released DAPO-Math-17k holds each prompt 100 times (same extra_info.index): the copies
+    are one task, said in a warning; the same id with other content is still an error."""
+    p = _write([r for r in fx.DAPO for _ in range(100)], tmp_path / "dapo_x100.parquet")
+    with pytest.warns(UserWarning, match=r"dapo_x100.parquet: 297 of 300 rows repeat an earlier row exactly "
+                                         r"and were dropped \(3 distinct tasks\)"):
+        tasks = load_tasks(p, env="code_math")
+    assert [t["answer"] for t in tasks] == ["84", "3", "33"]
+    clash = dict(fx.DAPO[1], reward_model={**fx.DAPO[1]["reward_model"], "ground_truth": "4"},
+                 extra_info=fx.DAPO[0]["extra_info"])
+    with pytest.raises(ValueError, match="duplicate uid"):
+        load_tasks(_write([fx.DAPO[0], clash], tmp_path / "clash.parquet"), env="code_math")
+
+
 def test_dapo_problem_strips_only_the_template():
     assert dapo_problem(fx.DAPO_PREFIX + "Find $x$.\n\nThen $y$." + fx.DAPO_SUFFIX) == "Find $x$.\n\nThen $y$."
     assert dapo_problem("  Just a problem.  ") == "Just a problem."  # not the DAPO template: kept whole
