@@ -8,8 +8,9 @@ Public API:
   ``"pkg.module:ClassName"`` or a :class:`ToolEnv` subclass (:mod:`rllib_spear.envs.registry`);
 - ``FunctionToolEnv(tools=[fn, ...], reward_fn=None, ...)``: plain Python functions as tools
   (Hermes ``<tool_call>`` format, :mod:`rllib_spear.envs.function_tools`);
-- ``load_tasks(source, split="train", env=None) -> list[dict]`` (default datasets, parquet, a
-  list of task dicts or a callable returning one);
+- ``load_tasks(source, split="train", env=None) -> list[dict]`` (default datasets, parquet,
+  JSONL / JSON, the released layouts of docs/data_formats.md, a list of task dicts or a callable
+  returning one);
 - ``scripted_demonstrations(env_name, tasks, tool_use_rate=0.2, seed=0) -> list[conversation]``
   (built-in envs, by name or class);
 - ``system_prompt(spec, **env_config)``: the instructions an env puts in its system message.

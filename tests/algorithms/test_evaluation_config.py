@@ -99,5 +99,6 @@ def test_eval_source_and_labels(tmp_path):
     assert eval_source(cfg) == "bamboogle.parquet" and eval_source(cfg, "x.parquet") == "x.parquet"
     assert dataset_label("/data/bamboogle.parquet") == "bamboogle"
     assert dataset_label(tmp_path / "nq") == "nq"
+    assert dataset_label({"path": "/data/aime_2025.parquet", "dataset_format": "aime25"}) == "aime_2025"
     assert dataset_label("search_qa") == "search_qa"
     assert dataset_label([{"question": "q"}]) == "all"

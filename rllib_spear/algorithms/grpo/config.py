@@ -90,7 +90,8 @@ class GRPOConfig(AlgorithmConfig):
         per-turn token budget), stop, max_turns, max_model_len and max_response_tokens (the
         per-episode budgets: prompt + response, and every token after the prompt, observations
         included; docs/recipes.md "Token budgets"), max_observation_tokens,
-        observation_template ("chatml" | "llama3")."""
+        observation_template ("chatml" | "llama3" | "chat_template": a ``tool`` message through the
+        tokenizer's chat template, docs/tools.md)."""
         own = {k: kwargs.pop(k) for k in list(kwargs)
                if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}
         if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:

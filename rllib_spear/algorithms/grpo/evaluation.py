@@ -73,7 +73,10 @@ def eval_source(cfg: Any, dataset: Any = None) -> Any:
 def dataset_label(source: Any) -> str:
     """The source name of tasks without a ``data_source``: the dataset's file or folder name
     (``.../bamboogle.parquet`` -> "bamboogle", ``.../nq/`` -> "nq"), a default-dataset name as it
-    is, "all" for task lists, callables and anything else."""
+    is, the ``path`` of a ``{"path": ..., "dataset_format": ...}`` spec, "all" for task lists,
+    callables and anything else."""
+    if isinstance(source, dict) and isinstance(source.get("path"), (str, os.PathLike)):
+        source = source["path"]
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
         return (p.stem if p.suffix else p.name) or "all"
