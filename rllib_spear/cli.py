@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")
     e.add_argument("checkpoint")
     e.add_argument("--dataset", default=None,
-                   help="parquet file or folder, or a default-dataset name (default: the config's eval_dataset, "
+                   help="parquet / JSONL / JSON file or folder in any layout of docs/data_formats.md (Search-R1, "
+                        "AIME, QAMPARI, ...), or a default-dataset name (default: the config's eval_dataset, "
                         "else its dataset, else the environment's embedded data)")
     e.add_argument("--split", default=None, help="dataset split (default: evaluation.eval_split, 'test')")
     e.add_argument("--num-tasks", type=int, default=None, help="first N tasks of the split (default all)")
