@@ -67,6 +67,15 @@ class GRPOConfig(AlgorithmConfig):
         self.restart_failed_env_runners = True
         self.seed = 0
 
+    def build_algo(self, *args: Any, **kwargs: Any):
+        """RLlib's ``build_algo``, with Ray started lean first when it is not running yet
+        (``local_ray.init_ray``: no dashboard; one CPU slot for a run without runner / learner
+        actors)."""
+        from .local_ray import init_ray
+
+        init_ray(self)
+        return super().build_algo(*args, **kwargs)
+
     # ------------------------------------------------------------------ builder methods
     def training(self, **kwargs: Any) -> "GRPOConfig":
         """RLlib's ``training()`` plus every knob of ``training_defaults()``: GRPO's, SIL's, and
