@@ -11,7 +11,9 @@ One job per module:
   build from scratch with progress on stderr;
 - ``lookup``: shipped builds found by their manifest, and ``resolve_model_path``;
 - ``ship``: ``python -m rllib_spear.coldstart`` rebuilds the builds and ships them into
-  ``rllib_spear/assets``.
+  ``rllib_spear/assets``;
+- ``smollm2``: the SmolLM2-135M-Instruct search cold start (``model_path: "smollm2-search"``),
+  built on first use (``python -m rllib_spear.coldstart --smollm2``), never shipped.
 
 The generic training routines live in ``rllib_spear.models`` (``sft.cold_start_sft``,
 ``pretrain.copy_pretrain``, ``factory.build_tiny_model``); this package uses them, never the
@@ -42,6 +44,11 @@ _EXPORTS = {
     "copy_shipped": "lookup",
     "is_embedded_name": "lookup",
     "resolve_model_path": "lookup",
+    "NAMED_COLD_STARTS": "lookup",
+    "SMOLLM2_SEARCH_NAME": "smollm2",
+    "SMOLLM2_SEARCH_RECIPE": "smollm2",
+    "smollm2_search_key": "smollm2",
+    "smollm2_search_path": "smollm2",
     "ship_build": "ship",
     "ship_default_policy": "ship",
     "ship_task_policy": "ship",

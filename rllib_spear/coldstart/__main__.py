@@ -1,5 +1,20 @@
-"""``python -m rllib_spear.coldstart``: rebuild and ship every cold start (``coldstart.ship.main``)."""
-from rllib_spear.coldstart.ship import main
+"""``python -m rllib_spear.coldstart``: rebuild and ship every embedded cold start
+(``coldstart.ship.main``); ``--smollm2``: build (or find in the cache) the SmolLM2-135M-Instruct
+search cold start (``coldstart.smollm2``) and print its folder."""
+import argparse
 
 if __name__ == "__main__":  # pragma: no cover - maintenance entry point
-    main()
+    ap = argparse.ArgumentParser(prog="python -m rllib_spear.coldstart", description=__doc__)
+    ap.add_argument("--smollm2", action="store_true",
+                    help="build the SmolLM2 search cold start (model_path 'smollm2-search') instead of shipping "
+                         "the embedded ones")
+    ap.add_argument("--rebuild", action="store_true", help="with --smollm2: rebuild even if cached")
+    args = ap.parse_args()
+    if args.smollm2:
+        from rllib_spear.coldstart.smollm2 import smollm2_search_path
+
+        print(smollm2_search_path(build=args.rebuild))
+    else:
+        from rllib_spear.coldstart.ship import main
+
+        main()

@@ -18,7 +18,8 @@ model and tokenizer plus ``manifest.json`` (written by ``coldstart.ship``):
 - ``built_with``: the versions of the packages the build ran with, for the record.
 
 ``resolve_model_path`` turns a ``model_path`` into a folder: "embedded" and "embedded:<task>" name
-the cold starts, anything else is returned unchanged. The algorithm (``GRPO.setup``), the env
+the embedded cold starts, the names of ``NAMED_COLD_STARTS`` ("smollm2-search") the cold starts of
+real pretrained models (built on first use, never shipped), anything else is returned unchanged. The algorithm (``GRPO.setup``), the env
 runners and the CLI call it; the model layer (``rllib_spear.models``) only ever sees folders.
 """
 from __future__ import annotations
@@ -30,12 +31,16 @@ from pathlib import Path
 from rllib_spear.envs.retrieval import file_sha256
 from rllib_spear.models.factory import atomic_build_dir
 
-__all__ = ["SHIPPED_POLICIES", "MANIFEST", "read_manifest", "find_shipped", "copy_shipped", "file_sha256",
+__all__ = ["SHIPPED_POLICIES", "NAMED_COLD_STARTS", "MANIFEST", "read_manifest", "find_shipped", "copy_shipped", "file_sha256",
            "is_embedded_name", "resolve_model_path"]
 
 #: Built cold starts shipped with the package, one folder per (kind, key).
 SHIPPED_POLICIES = Path(__file__).resolve().parent.parent / "assets"
 MANIFEST = "manifest.json"
+
+#: Cold starts of real pretrained models, by the ``model_path`` that names them: name ->
+#: (module of this package, function returning the folder). Built on first use, never shipped.
+NAMED_COLD_STARTS: dict[str, tuple[str, str]] = {"smollm2-search": ("smollm2", "smollm2_search_path")}
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -80,7 +85,13 @@ def is_embedded_name(path: str) -> bool:
 def resolve_model_path(path: str) -> str:
     """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
     "embedded:<task>" -> that policy fine-tuned on the task's demonstrations (``task_policy_path``,
-    e.g. "embedded:multi_answer_search"); anything else unchanged."""
+    e.g. "embedded:multi_answer_search"); a name of ``NAMED_COLD_STARTS`` -> that cold start
+    ("smollm2-search": ``coldstart.smollm2.smollm2_search_path``); anything else unchanged."""
+    if path in NAMED_COLD_STARTS:
+        import importlib
+
+        module, function = NAMED_COLD_STARTS[path]
+        return getattr(importlib.import_module(f"{__package__}.{module}"), function)()
     if not is_embedded_name(path):
         return path
     from . import build  # build finds shipped builds through this module: imported on use
