@@ -71,7 +71,8 @@ class GRPO(Algorithm):
 
             # A missing or malformed eval set fails now, before any actor starts, not at the first
             # evaluation (step 50 of a recipe).
-            load_tasks(eval_source(config), config.eval_split, env=config.env)
+            # Kept: every evaluation of the run reads this split (a 21M-row parquet is not re-read).
+            self._eval_tasks = {config.eval_split: load_tasks(eval_source(config), config.eval_split, env=config.env)}
         if resolved != path:
             for c in {id(config): config, id(self.config): self.config}.values():
                 frozen = c._is_frozen
@@ -281,7 +282,9 @@ class GRPO(Algorithm):
         run = eval_settings(cfg, split=split, num_tasks=num_tasks, samples=samples, temperature=temperature,
                             top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens)
         source = eval_source(cfg, dataset)
-        tasks = load_tasks(source, run.split, env=cfg.env)
+        cached = getattr(self, "_eval_tasks", {})  # the config's eval set, loaded in setup
+        tasks = (cached[run.split] if dataset is None and run.split in cached
+                 else load_tasks(source, run.split, env=cfg.env))
         if run.num_tasks:
             tasks = tasks[:run.num_tasks]
 
