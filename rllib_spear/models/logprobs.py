@@ -1,9 +1,10 @@
 """Per-token log-probs (and entropies) of a causal LM without materialising [B, T, V] logits.
 
-``token_logprobs`` runs the transformer body once, then applies the output head and the
-log-softmax to chunks of ``chunk_size`` positions. Each chunk runs under non-reentrant activation
-checkpointing, so autograd keeps only the chunk's hidden states and recomputes the chunk's logits
-in the backward pass; a fused autograd function turns a chunk's logits into log-probs/entropies and
+``token_logprobs`` runs the transformer body once, gathers the hidden states of the scored
+positions (``score_mask``: a learner's loss tokens; default every position), then applies the
+output head and the log-softmax to chunks of them. When there is more than one chunk, each runs
+under non-reentrant activation checkpointing, so autograd keeps only the chunk's hidden states and
+recomputes the chunk's logits in the backward pass; a fused autograd function turns a chunk's logits into log-probs/entropies and
 back into the logits gradient with about three [B, chunk, V] buffers alive. Peak memory is then a
 few chunks of float32 logits instead of several copies of the whole sequence's (measured: 0.26x
 the naive peak, benchmarks/logprob_memory.py). Gradients are those of the naive computation
@@ -135,8 +136,10 @@ def token_logprobs(
     chunk_size: int | None = None,
     return_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
+    score_mask: torch.Tensor | None = None,
+    entropy_mask: torch.Tensor | None = None,
 ):
-    """Log-prob of every token given its prefix (see ``_token_logprobs_unsharded``).
+    """Log-prob of every (scored) token given its prefix (see ``_token_logprobs_unsharded``).
 
     An FSDP-sharded LM (``models.sharding.shard_causal_lm``) is scored through its registered
     ``score_tokens`` forward method, so that its root parameters are gathered around the body and
@@ -145,7 +148,7 @@ def token_logprobs(
     from .sharding import SCORING_METHOD
 
     kwargs = dict(temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy,
-                  position_ids=position_ids)
+                  position_ids=position_ids, score_mask=score_mask, entropy_mask=entropy_mask)
     scorer = getattr(unwrap_causal_lm(model), SCORING_METHOD, None)
     if scorer is not None:
         return scorer(input_ids, attention_mask, **kwargs)
@@ -161,21 +164,42 @@ def _token_logprobs_unsharded(
     chunk_size: int | None = None,
     return_entropy: bool = False,
     position_ids: torch.Tensor | None = None,
+    score_mask: torch.Tensor | None = None,
+    entropy_mask: torch.Tensor | None = None,
 ):
-    """Log-prob of every token given its prefix, computed head-chunk by head-chunk.
+    """Log-prob of every scored token given its prefix, computed head-chunk by head-chunk.
+
+    Only the positions that are scored go through the output head: the hidden states h_{t-1} of
+    the scored targets t are gathered into one [N, h] matrix (N = scored tokens of the whole
+    batch), scored in chunks of ``B * chunk_size`` rows, and scattered back into the [B, T]
+    layout, so a learner pays the head (the largest matmul of a small model, and the only
+    [*, V] buffers) for its loss tokens only, not for prompt, observation and padding tokens.
 
     Args:
         model: a HF ``*ForCausalLM`` (optionally PEFT-wrapped).
         input_ids, attention_mask: [B, T]; left or right padding (RoPE positions come from the
             mask, so a left-padded row scores like the unpadded one).
         temperature: scores under softmax(logits / temperature).
-        chunk_size: positions per head chunk (the float32 logits alive at once are
-            [B, chunk_size, V]); default: as many as fit ``DEFAULT_CHUNK_ELEMENTS`` logits.
+        chunk_size: positions per row and head chunk (a chunk holds ``B * chunk_size`` gathered
+            positions: the float32 logits alive at once are [B * chunk_size, V]); default: as
+            many as fit ``DEFAULT_CHUNK_ELEMENTS`` logits.
         return_entropy: also return the entropy of the next-token distribution that produced
-            token t, at position t (same alignment and zeros as the log-probs).
+            token t, at position t (same alignment and zeros as the log-probs), with gradient.
+        score_mask: [B, T], nonzero where position t is scored (a learner passes its loss mask);
+            default: every position with a real left context. Unscored positions hold 0.
+        entropy_mask: [B, T], nonzero where a detached (no-gradient) entropy is wanted without
+            ``return_entropy`` (the entropy metric's sample); those positions need not be scored.
 
     Returns:
-        ``logp`` [B, T] float32, or ``(logp, entropy)``.
+        ``logp`` [B, T] float32, or ``(logp, entropy)`` when ``return_entropy`` or
+        ``entropy_mask`` is given.
+
+    Activation checkpointing of the head: only when the gathered positions span more than one
+    chunk. Without it every chunk's logits would stay saved until the backward pass; with a
+    single chunk the saved logits are exactly what the checkpointed backward would recompute,
+    so the peak is the same (one chunk's logits and its three float32 buffers, what the
+    learner memory plan counts: rllib_spear/planning/learner.py) and the recomputation is
+    skipped.
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
@@ -185,37 +209,73 @@ def _token_logprobs_unsharded(
     out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     B, T = input_ids.shape
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else lm_vocab(model)
     if chunk_size is None:
-        vocab = head.weight.shape[0] if hasattr(head, "weight") else lm_vocab(model)
         chunk_size = max(1, DEFAULT_CHUNK_ELEMENTS // max(1, B * vocab))
-    # hidden[:, t] predicts token t + 1
-    h = hidden[:, :-1]
-    targets = input_ids[:, 1:]
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
-    logps, ents = [], []
-    for s in range(0, T - 1, chunk_size):
-        hc, tc = h[:, s : s + chunk_size], targets[:, s : s + chunk_size]
-        if return_entropy:
-            if grad:
-                lp, en = checkpoint(_chunk_logp_ent, head, hc, tc, float(temperature), use_reentrant=False)
-            else:
-                lp, en = _chunk_logp_ent(head, hc, tc, float(temperature))
-            ents.append(en)
-        else:
-            if grad:
-                lp = checkpoint(_chunk_logp, head, hc, tc, float(temperature), use_reentrant=False)
-            else:
-                lp = _chunk_logp(head, hc, tc, float(temperature))
-        logps.append(lp)
-    zero = hidden.new_zeros((B, 1), dtype=torch.float32)
+    rows_per_chunk = max(1, B * int(chunk_size))
     valid = _valid_targets(attention_mask)
-    logp = torch.cat([zero] + logps, dim=1) if logps else zero
-    logp = torch.where(valid, logp, torch.zeros_like(logp))
-    if not return_entropy:
-        return logp
-    ent = torch.cat([zero] + ents, dim=1) if ents else zero
-    ent = torch.where(valid, ent, torch.zeros_like(ent))
-    return logp, ent
+    scored = valid if score_mask is None else valid & score_mask.bool()
+    # hidden[:, t] predicts token t + 1: target position t (t >= 1) reads hidden[:, t - 1]
+    sel = scored[:, 1:]
+    h = hidden[:, :-1][sel]
+    targets = input_ids[:, 1:][sel]
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    if grad and h.shape[0] == 0:
+        # Nothing to score (a fully masked dummy row of a DDP / FSDP rank without rows): score
+        # one position at weight 0 below so that the backward still reaches every parameter.
+        h, targets, keep = hidden[:1, :1].reshape(1, -1), input_ids[:1, :1].reshape(1), False
+    else:
+        keep = True
+    n = h.shape[0]
+    ckpt = grad and n > rows_per_chunk
+    logps, ents = [], []
+    for s in range(0, n, rows_per_chunk):
+        hc, tc = h[s : s + rows_per_chunk], targets[s : s + rows_per_chunk]
+        fn = _chunk_logp_ent if return_entropy else _chunk_logp
+        res = checkpoint(fn, head, hc, tc, float(temperature), use_reentrant=False) if ckpt else \
+            fn(head, hc, tc, float(temperature))
+        if return_entropy:
+            res, en = res
+            ents.append(en)
+        logps.append(res)
+    logp = _scatter(logps, sel, keep)
+    ent = None
+    if return_entropy:
+        ent = _scatter(ents, sel, keep)
+    elif entropy_mask is not None:
+        ent = _detached_entropy(head, hidden, valid & entropy_mask.bool(), float(temperature), rows_per_chunk)
+    return logp if ent is None else (logp, ent)
+
+
+def _scatter(values: list, sel: torch.Tensor, keep: bool) -> torch.Tensor:
+    """[B, T] float32 with the gathered ``values`` (row-major over ``sel`` [B, T - 1]) at the
+    positions 1.. where ``sel`` holds, 0 elsewhere (position 0 never has a left context)."""
+    B = sel.shape[0]
+    flat = torch.cat(values).float() if values else sel.new_zeros((0,), dtype=torch.float32)
+    out = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
+    if keep:
+        out = out.masked_scatter(sel, flat)
+    else:
+        out = out + 0.0 * flat.sum()  # the weight-0 stand-in: keeps the graph, changes nothing
+    return torch.cat([out.new_zeros((B, 1)), out], dim=1)
+
+
+def _detached_entropy(head, hidden, mask: torch.Tensor, temperature: float, rows_per_chunk: int) -> torch.Tensor:
+    """Entropy H_t = logsumexp(z) - sum softmax(z) * z (z = head(h_{t-1}) / T) at the positions
+    of ``mask`` [B, T], no gradient (a metric), chunked like the log-probs; 0 elsewhere."""
+    sel = mask[:, 1:]
+    out = torch.zeros(sel.shape, dtype=torch.float32, device=hidden.device)
+    with torch.no_grad():
+        h = hidden.detach()[:, :-1][sel]
+        vals = []
+        for s in range(0, h.shape[0], rows_per_chunk):
+            z = head(h[s : s + rows_per_chunk]).float()
+            if temperature != 1.0:
+                z = z / temperature
+            vals.append(torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1))
+        if vals:
+            out = out.masked_scatter(sel, torch.cat(vals))
+    return torch.cat([out.new_zeros((sel.shape[0], 1)), out], dim=1)
 
 
 def naive_token_logprobs(

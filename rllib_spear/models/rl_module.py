@@ -21,7 +21,11 @@
 ``forward_train(batch)`` takes ``input_ids`` and ``attention_mask`` ([B, T] tensors) and returns
 ``{"logp": [B, T], "entropy": [B, T]}`` (``entropy`` only when requested, see
 ``compute_entropy``) aligned like ``rllib_spear.core.trajectory`` (position t
-is about token t; position 0 and padding are 0).
+is about token t; position 0 and padding are 0). Optional batch keys: ``_score_mask`` [B, T]
+(only those positions go through the output head, the others hold 0: the learner passes its
+loss mask, ``models.logprobs.token_logprobs``), and, when no entropy is requested,
+``_entropy_mask`` [B, T]: a detached entropy at those positions only, returned as
+``entropy_sample`` (the learner's entropy-metric sample).
 
 State: ``get_state`` returns torch tensors with Hugging Face parameter names (no module prefix,
 tied ``lm_head.weight`` dropped), in the model's dtype, on CPU -- never RLlib's float32 numpy
@@ -123,6 +127,8 @@ class HFCausalLMRLModule(TorchRLModule):
         mask = batch.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, device=ids.device).long()
         need = batch.get("_need_entropy", kwargs.get("need_entropy", self._compute_entropy))
+        score = batch.get("_score_mask")
+        sample = None if need else batch.get("_entropy_mask")
         out = token_logprobs(
             self.model,
             ids,
@@ -130,9 +136,13 @@ class HFCausalLMRLModule(TorchRLModule):
             temperature=self._temperature,
             chunk_size=self._chunk_size,
             return_entropy=bool(need),
+            score_mask=None if score is None else torch.as_tensor(score, device=ids.device),
+            entropy_mask=None if sample is None else torch.as_tensor(sample, device=ids.device),
         )
         if need:
             return {"logp": out[0], "entropy": out[1]}
+        if sample is not None:
+            return {"logp": out[0], "entropy_sample": out[1]}
         return {"logp": out}
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
