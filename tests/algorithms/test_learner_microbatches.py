@@ -1,9 +1,10 @@
 """Token-budget micro-batching of the learner and the entropy-metric sample."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from rllib_spear.algorithms.grpo.microbatching import entropy_sample_part as _entropy_sample_part
+from rllib_spear.algorithms.grpo.microbatching import entropy_metric_sample as _entropy_metric_sample
 from rllib_spear.algorithms.grpo.microbatching import token_budget_microbatches as _token_budget_microbatches
 
 
@@ -43,11 +44,37 @@ def test_row_longer_than_budget_is_its_own_part():
     assert [p.tolist() for p in parts] == [[0], [1, 2]]
 
 
-def test_entropy_part_is_drawn_in_proportion_to_tokens():
-    mask = _mask([100, 100, 100, 50, 50])
-    parts = [torch.tensor([0, 1, 2]), torch.tensor([3, 4])]  # 300 and 100 tokens
+def _loss_mask_and_entropy():
+    """3 rows, T = 6: 9 loss tokens (observation gap in row 0, row 2 mostly masked) with
+    hand-written entropies; their token mean is 18.0 / 9 = 2.0."""
+    loss = torch.tensor([[0, 1, 1, 0, 1, 1],
+                         [0, 0, 1, 1, 1, 0],
+                         [0, 0, 0, 0, 1, 1]], dtype=torch.float32)
+    ent = torch.tensor([[9., 0.5, 1.0, 9., 3.0, 4.0],
+                        [9., 9., 0.2, 0.8, 2.5, 9.],
+                        [9., 9., 9., 9., 5.0, 1.0]])
+    return loss, ent
+
+
+def test_entropy_sample_mean_is_unbiased():
+    loss, ent = _loss_mask_and_entropy()
     gen = torch.Generator().manual_seed(0)
-    draws = [_entropy_sample_part(mask, parts, gen) for _ in range(4000)]
-    share = draws.count(0) / len(draws)
-    assert abs(share - 0.75) < 0.03
-    assert _entropy_sample_part(mask, [torch.tensor([0, 1])], gen) == 0
+    means = []
+    for _ in range(4000):
+        pick = _entropy_metric_sample(loss, 2, gen)
+        assert int(pick.sum()) == 2 and bool((loss[pick] > 0).all())  # only loss tokens, exactly k
+        means.append(float(ent[pick].mean()))
+    # full token mean: (0.5+1+3+4 + 0.2+0.8+2.5 + 5+1) / 9 = 2.0; the sample-mean's std is
+    # about 1.1 per draw, so 4000 draws put the average within ~0.02 (0.06 is > 3 sigma)
+    assert abs(sum(means) / len(means) - 2.0) < 0.06
+
+
+def test_entropy_sample_is_bounded_and_takes_all_when_fewer():
+    loss, _ = _loss_mask_and_entropy()
+    gen = torch.Generator().manual_seed(1)
+    assert torch.equal(_entropy_metric_sample(loss, 1024, gen), loss > 0)
+    big = torch.ones(64, 300)
+    assert int(_entropy_metric_sample(big, 1024, gen).sum()) == 1024
+    assert int(_entropy_metric_sample(loss, 0, gen).sum()) == 0
+    with pytest.raises(ValueError, match="entropy_metric_tokens"):
+        _entropy_metric_sample(loss, -1, gen)

@@ -38,6 +38,9 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "kl_cov_coef": 0.1,
     "tis_cap": None,  # truncated importance weight cap C (1.6); None = auto (2.0 for vllm or one_step_off), 0 = off
     "entropy_coeff": 0.0,
+    # entropy metric when entropy_coeff == 0: a uniform sample of at most this many loss tokens
+    # per update (unbiased for the token mean); 0 = no entropy metric
+    "entropy_metric_tokens": 1024,
     "kl_coeff": 0.0,  # KL to the frozen reference model (SPADER option: 0.001)
     "kl_estimator": "k3",
     "t_norm": None,  # seq-mean-token-sum-norm constant; None = max_response_tokens

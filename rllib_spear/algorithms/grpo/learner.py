@@ -29,14 +29,22 @@ FSDP's MixedPrecisionPolicy when sharded, ``torch.autocast`` otherwise. Checkpoi
 (``learner_state``): under FSDP torch.distributed.checkpoint folders written by every rank,
 loadable with any number of ranks.
 
+Output head: only the loss tokens (``loss_mask > 0``, i.e. assistant tokens after the shift) go
+through the output head (``batch["_score_mask"]``, models/logprobs.py); the other positions hold
+log-prob 0, which every loss term masks out. The reference model (KL term) and the logp_old
+recomputation score the same positions.
+
 Entropy: the full-vocabulary entropy costs an extra pass over the logits of every head chunk
-(plus its recomputation in the checkpointed backward). The learner asks the module for it
-(``batch["_need_entropy"]``) on every micro-batch only when ``entropy_coeff > 0`` (the bonus needs
-its gradient); otherwise on one micro-batch of the first mini-batch of each update, so the
-``entropy`` metric is still logged at a fraction of the cost. Micro-batches group rows of similar
-length (less padding), so that micro-batch is drawn with probability proportional to its tokens:
-its token-mean entropy is then an unbiased estimate of the update's. The old-log-prob
+(plus its recomputation in the checkpointed backward). The learner asks the module for it, with
+its gradient, on every micro-batch only when ``entropy_coeff > 0`` (the bonus needs it).
+Otherwise the ``entropy`` metric (``sil_entropy`` for replayed rows) comes from a uniform random
+sample of at most ``entropy_metric_tokens`` loss tokens of the first mini-batch of each update
+(``microbatching.entropy_metric_sample``), computed detached on those positions only
+(``batch["_entropy_mask"]``): an unbiased estimate of the token-mean entropy at a cost bounded by
+the sample, on any batch size. ``entropy_metric_tokens=0`` turns the metric off. The old-log-prob
 recomputation never asks for it.
+
+Optimizer: AdamW, fused where torch supports it on the parameters' device (``learner_optim``).
 """
 from __future__ import annotations
 
@@ -52,9 +60,10 @@ from ray.rllib.utils.annotations import override
 from ...core.losses import METRIC_REDUCE, LossNormalizer, policy_loss
 from ...models import sharding
 from ...models.threads import apply_torch_threads
+from .learner_optim import build_adamw
 from .learner_setup import ModuleLayoutMixin
 from .learner_state import LEARNER_STATE_KEY, SHARDED_STATE_DIR, LearnerStateMixin
-from .microbatching import dummy_rows, entropy_sample_part, slice_rows, token_budget_microbatches, total_grad_norm
+from .microbatching import dummy_rows, entropy_metric_sample, slice_rows, token_budget_microbatches, total_grad_norm
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +85,15 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
     def build(self) -> None:
         apply_torch_threads(getattr(self.config, "torch_num_threads", None))
         self._ref_model = None
+        tokens = getattr(self.config, "entropy_metric_tokens", 1024)
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"training(entropy_metric_tokens=...) must be an int >= 0 (0 = no entropy metric), "
+                             f"got {tokens!r}")
         super().build()
         seed = int(getattr(self.config, "seed", 0) or 0)
         # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.
         self._cov_generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
-        # Which micro-batch logs the entropy metric (its own stream: Clip-Cov draws stay as they are).
+        # Which loss tokens log the entropy metric (its own stream: Clip-Cov draws stay as they are).
         self._entropy_generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
 
     # ------------------------------------------------------------------ optimizer
@@ -89,9 +102,10 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
         config = config or self.config
         module = self.module[module_id]
         params = [p for p in self.get_parameters(module) if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            params, lr=1.0, betas=tuple(config.adam_betas), weight_decay=config.weight_decay
-        )
+        # fused where torch supports it (learner_optim): the step is a few kernels, not one
+        # chain per parameter tensor
+        optimizer = build_adamw(params, lr=1.0, betas=tuple(config.adam_betas),
+                                weight_decay=config.weight_decay, sharded=self.is_sharded)
         lr = config.lr
         warmup = int(getattr(config, "lr_warmup_steps", 0) or 0)
         if warmup > 0 and not isinstance(lr, (list, tuple)):
@@ -112,7 +126,8 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
 
             with torch.no_grad(), self._compute_context():
                 ref_logp = token_logprobs(self._ref_model, batch["input_ids"], batch["attention_mask"],
-                                          temperature=float(config.temperature)).float()
+                                          temperature=float(config.temperature),
+                                          score_mask=batch["loss_mask"] > 0).float()
         is_replay = batch["is_replay"].bool()
         total = logp.new_zeros(())
         # One host sync decides the parts; a part holding every row is used without indexing
@@ -173,11 +188,24 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
             for part in parts:
                 sub = dummy_rows(data) if part is None else slice_rows(data, part)
                 sub["_need_entropy"] = False
+                sub["_score_mask"] = sub["loss_mask"] > 0
                 logp = module.forward_train(sub)["logp"]
                 if part is not None:
                     logp = logp.detach().float()
                     out[part, :logp.shape[1]] = logp * sub["loss_mask"]
         return out
+
+    @staticmethod
+    def _add_entropy_sample(sums: dict, entropy: torch.Tensor, pick: torch.Tensor, is_replay: torch.Tensor) -> None:
+        """Add one micro-batch's sampled entropies to ``sums`` ({replay?: [sum, count]}): the
+        on-policy and the replayed rows make the ``entropy`` and ``sil_entropy`` metrics."""
+        replay = is_replay.bool()[:, None].expand_as(pick)
+        for part in (False, True):
+            m = pick & (replay if part else ~replay)
+            n = int(m.sum())
+            if n:
+                sums[part][0] += float(entropy[m].sum())
+                sums[part][1] += n
 
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
@@ -197,8 +225,10 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
             data["old_logp"] = self._recompute_old_logp(module, data, budget)
         fwd_out: dict = {}
         trained_tokens = 0
-        # Entropy on every micro-batch only when the bonus needs it; else one sample for metrics.
+        # Entropy on every micro-batch only when the bonus needs it (with its gradient); else a
+        # bounded uniform sample of the first mini-batch's loss tokens, detached, for the metric.
         entropy_always = float(getattr(config, "entropy_coeff", 0.0) or 0.0) > 0
+        metric_tokens = int(getattr(config, "entropy_metric_tokens", 1024))
         replicated_multi = self.config.num_learners > 1 and not self.is_sharded
         for mb in range(num_minibatches):
             rows = torch.nonzero(mb_ids == mb).flatten()
@@ -207,8 +237,13 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
             # under FSDP every forward is a collective, so every rank runs as many micro-batches.
             n_micro = self._max_over_ranks(max(len(micro), 1))
             micro = micro + [None] * (n_micro - len(micro))
-            entropy_part = entropy_sample_part(data["attention_mask"][rows], micro,
-                                               self._entropy_generator) if mb == 0 else -1
+            sampled = mb == 0 and not entropy_always and metric_tokens > 0
+            if sampled:
+                data = dict(data)
+                pick = torch.zeros_like(data["loss_mask"], dtype=torch.bool)
+                pick[rows] = entropy_metric_sample(data["loss_mask"][rows], metric_tokens, self._entropy_generator)
+                data["entropy_metric_mask"] = pick
+            sums = {False: [0.0, 0], True: [0.0, 0]}  # part (replay?) -> [entropy sum, tokens]
             for optim in self._optimizers():
                 optim.zero_grad(set_to_none=True)
             for i, part in enumerate(micro):
@@ -217,10 +252,17 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
                 ctx = module.no_sync() if replicated_multi and not sync else contextlib.nullcontext()
                 with ctx:
                     sub = dummy_rows(data) if part is None else slice_rows(data, rows[part])
-                    sub["_need_entropy"] = entropy_always or i == entropy_part
+                    sub["_need_entropy"] = entropy_always
+                    # only the loss tokens go through the output head (models/logprobs.py)
+                    sub["_score_mask"] = sub["loss_mask"] > 0
+                    pick = sub.pop("entropy_metric_mask", None)
+                    if sampled:
+                        sub["_entropy_mask"] = pick
                     with self._compute_context():
                         fwd_out = module.forward_train(sub)
                     fwd_out = {k: v.float() for k, v in fwd_out.items()}
+                    if sampled and part is not None:
+                        self._add_entropy_sample(sums, fwd_out["entropy_sample"], pick, sub["is_replay"])
                     losses = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: sub})
                     if part is None:
                         losses = {mid: loss * 0.0 for mid, loss in losses.items()}
@@ -229,6 +271,10 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
                     grads = self.compute_gradients(losses)
                     trained_tokens += int(sub["attention_mask"].sum()) if part is not None else 0
                     last_loss = losses[module_id].detach()
+            for replay, (total, count) in sums.items():
+                if count:
+                    self.metrics.log_value((module_id, ("sil_" if replay else "") + "entropy"), total / count,
+                                           window=1000)
             self.apply_gradients(self.postprocess_gradients(grads))
         if num_minibatches:
             # This rank's parameter / gradient / optimizer-state bytes at the last step (shards

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_budget_microbatches", "entropy_sample_part", "slice_rows", "dummy_rows", "total_grad_norm"]
+__all__ = ["token_budget_microbatches", "entropy_metric_sample", "slice_rows", "dummy_rows", "total_grad_norm"]
 
 
 def token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
@@ -38,13 +38,25 @@ def token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list
     return [torch.tensor(sorted(p), dtype=torch.long) for p in parts]
 
 
-def entropy_sample_part(attention_mask: torch.Tensor, parts: list, generator: torch.Generator) -> int:
-    """Index of the micro-batch that logs the entropy metric, drawn with P(part) = tokens / total
-    (so its token-mean entropy is an unbiased estimate of the whole batch's)."""
-    if len(parts) <= 1:  # also the [None] placeholder of a learner without rows
-        return 0
-    tokens = torch.tensor([float(attention_mask[p].sum()) for p in parts])
-    return int(torch.multinomial(tokens, 1, generator=generator))
+def entropy_metric_sample(loss_mask: torch.Tensor, max_tokens: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, T] bool: ``min(max_tokens, n)`` of the ``n`` loss tokens (``loss_mask > 0``), drawn
+    uniformly without replacement, where the entropy metric is computed.
+
+    Every loss token is in the sample with the same probability k / n, so the sample mean
+    (1/k) sum_{t in S} H_t is an unbiased estimate of the token mean (1/n) sum_t H_t, on any
+    batch size and any micro-batch split, at a cost bounded by k head rows (forward only). The
+    tokens of one part (on-policy or replayed rows) in the sample are, given their count, a
+    uniform sample of that part: its sample mean is unbiased for the part's token mean too.
+    """
+    if max_tokens < 0:
+        raise ValueError(f"entropy_metric_tokens must be >= 0 (0 = no entropy metric), got {max_tokens}")
+    flat = (loss_mask > 0).flatten()
+    idx = torch.nonzero(flat).flatten()
+    if len(idx) > max_tokens:
+        idx = idx[torch.randperm(len(idx), generator=generator)[:max_tokens]]
+    out = torch.zeros_like(flat)
+    out[idx] = True
+    return out.view(loss_mask.shape)
 
 
 def slice_rows(data: dict, rows: torch.Tensor) -> dict:
@@ -65,6 +77,8 @@ def dummy_rows(data: dict) -> dict:
     lockstep with the others (same number of forwards and backwards)."""
     out = slice_rows(data, torch.tensor([0]))
     out["loss_mask"] = torch.zeros_like(out["loss_mask"])
+    if "entropy_metric_mask" in out:
+        out["entropy_metric_mask"] = torch.zeros_like(out["entropy_metric_mask"])
     out["norm_num_tokens"] = torch.ones_like(out["norm_num_tokens"])
     out["norm_num_seqs"] = torch.ones_like(out["norm_num_seqs"])
     return out
