@@ -1,14 +1,23 @@
-"""Trained tokens/s of the GRPOTorchLearner update vs a bare torch loop on the same tokens.
+"""Trained tokens/s of the GRPOTorchLearner update, run as ``GRPO.training_step`` runs it, vs a
+bare torch loop on the same tokens.
 
-Both sides: the tiny model (``rllib_spear.models.factory.tiny_model_path()``), the same batch of
-~32 synthetic trajectories of ~200 tokens, the same token-budget micro-batches
-(``algorithms.grpo.microbatching``), the same log-probs (``models.logprobs.token_logprobs``) and
-Dr.BoT loss (``core.losses.policy_loss``), one AdamW step with global-norm clipping per update. The
-bare side calls those library functions in a plain torch loop; the learner side goes through
-RLlib's ``Learner.update`` (batch conversion, metrics logging, gradient clipping, metrics
-reduction), so the ratio is the cost of the learner machinery around the same math.
+Learner side, as ``GRPO.update_learners`` calls it: the algorithm's config defaults
+(``--algo grpo``: entropy_coeff 0, so the entropy metric is on through its token sample; ``spear``:
+Clip-Cov and the entropy bonus; micro_batch_token_budget 8192 unless ``--budget``), the batch
+built by ``recipe.batching.build_learner_batches`` with the config's learner count, mini-batch
+size, T_norm and pad id, and ``LearnerGroup.update`` on a local learner (batch conversion,
+metrics logging and reduction, grad_norm, clipping, the optimizer the learner builds).
 
-    python benchmarks/learner_throughput.py [--trajs 32] [--tokens 200] [--budget 2048] [--iters 5]
+Bare side (the reference): per token-budget micro-batch a plain HF body forward, the output head
+and log-softmax gather on the completion (loss-mask) positions only, ``core.losses.policy_loss``
+with the same global normalizers, backward; then global-norm clipping and one fused AdamW step.
+
+Both sides: the tiny model (``rllib_spear.models.factory.tiny_model_path()``, sizes by flag), ~32
+synthetic trajectories of ~200 tokens (prompt | assistant | observation | assistant). The bare
+side runs before and after the learner (frequency drift does not favour one side).
+
+    python benchmarks/learner_throughput.py [--algo grpo] [--trajs 32] [--tokens 200] [--budget 0]
+        [--iters 5] [--hidden 128 --layers 2 --vocab 512]
 """
 from __future__ import annotations
 
@@ -43,42 +52,68 @@ def synthetic_trajectories(n, length, vocab, seed=0, group_size=8):
     return out
 
 
-def learner_batch(trajs, t_norm):
-    from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
+def learner_rows(trajs):
+    """Dr.BoT / GRPO rows: group-mean advantages, no std normalisation."""
     from rllib_spear.core.advantages import group_advantages
+    from rllib_spear.recipe.batching import LearnerRow
 
     adv = group_advantages(np.array([t.total_reward for t in trajs]), [t.uid for t in trajs],
                            std_normalize=False)
-    rows = [LearnerRow(t, t.token_advantages(float(a)), t.loss_mask()) for t, a in zip(trajs, adv)]
-    return build_learner_batches(rows, num_learners=0, minibatch_size=None, t_norm=t_norm,
-                                 pad_token_id=0)[0]
+    return [LearnerRow(t, t.token_advantages(float(a)), t.loss_mask()) for t, a in zip(trajs, adv)]
 
 
-def bench_learner(cfg, batch, iters):
+def learner_batch(rows, cfg, seed=0):
+    """The batch ``GRPO.update_learners`` builds (one learner)."""
+    from rllib_spear.recipe.batching import build_learner_batches
+
+    return build_learner_batches(rows, num_learners=cfg.num_learners, minibatch_size=cfg.minibatch_size,
+                                 t_norm=cfg.loss_t_norm, pad_token_id=0, seed=seed)[0]
+
+
+def bench_learner(cfg, rows, iters):
+    """``GRPO.update_learners`` on a local LearnerGroup: (tokens per update, update times)."""
     from ray.rllib.core import DEFAULT_MODULE_ID
     from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
     from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+    from rllib_spear.recipe.batching import build_learner_batches
 
-    learner = cfg.build_learner(env=None)
-    tokens = int(batch["attention_mask"].sum())
-    times = []
+    group = cfg.build_learner_group(env=None)
+    times, tokens = [], 0
     for i in range(iters + 1):
-        mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=len(batch["input_ids"]))
+        batch = build_learner_batches(rows, num_learners=cfg.num_learners, minibatch_size=cfg.minibatch_size,
+                                      t_norm=cfg.loss_t_norm, pad_token_id=0, seed=i)[0]
+        tokens = int(batch["attention_mask"].sum())
+        mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(batch)}, env_steps=len(batch["input_ids"]))
         t0 = time.perf_counter()
-        learner.update(batch=mab, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: i + 1})
+        res = group.update(batch=mab, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: i + 1})
         times.append(time.perf_counter() - t0)
-    return tokens, times[1:], learner
+    res = res[0] if isinstance(res, list) else res
+    metrics = sorted(res[DEFAULT_MODULE_ID]) if DEFAULT_MODULE_ID in res else []
+    return tokens, times[1:], metrics
+
+
+def bare_logprobs(model, ids, attn, score, temperature):
+    """Plain torch: HF body, then head + log-softmax + gather on the ``score`` positions only."""
+    from rllib_spear.models.logprobs import position_ids_from_mask
+
+    hidden = model.model(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn),
+                         use_cache=False).last_hidden_state
+    sel = score[:, 1:]
+    logits = model.lm_head(hidden[:, :-1][sel]).float() / temperature
+    lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:][sel].unsqueeze(-1)).squeeze(-1)
+    out = torch.zeros(sel.shape, dtype=torch.float32).masked_scatter(sel, lp)
+    return torch.cat([out.new_zeros((ids.shape[0], 1)), out], 1)
 
 
 def bench_bare(model, batch, cfg, iters):
     from rllib_spear.algorithms.grpo.microbatching import slice_rows, token_budget_microbatches
     from rllib_spear.core.losses import LossNormalizer, policy_loss
-    from rllib_spear.models.logprobs import token_logprobs
 
     data = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}
     parts = token_budget_microbatches(data["attention_mask"], int(cfg.micro_batch_token_budget))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.adam_betas), weight_decay=cfg.weight_decay,
+                            fused=True)
     loss_cfg = cfg.policy_loss_config()
     # the global normalizers the driver wrote on every row (one mini-batch, no replay rows)
     norm = LossNormalizer(float(data["norm_num_tokens"][0]), float(data["norm_num_seqs"][0]),
@@ -91,12 +126,13 @@ def bench_bare(model, batch, cfg, iters):
         opt.zero_grad(set_to_none=True)
         for part in parts:
             sub = slice_rows(data, part)
-            lp = token_logprobs(model, sub["input_ids"].long(), sub["attention_mask"].long(),
-                                temperature=float(cfg.temperature))
-            loss, _ = policy_loss(lp, sub["old_logp"].float(), sub["advantages"].float(),
-                                  sub["loss_mask"].float(), config=loss_cfg, normalizer=norm)
+            mask = sub["loss_mask"].float()
+            lp = bare_logprobs(model, sub["input_ids"].long(), sub["attention_mask"].long(), mask > 0,
+                               float(cfg.temperature))
+            loss, _ = policy_loss(lp, sub["old_logp"].float(), sub["advantages"].float(), mask,
+                                  config=loss_cfg, normalizer=norm)
             loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        torch.nn.utils.clip_grad_norm_(params, float(cfg.grad_clip))
         opt.step()
         times.append(time.perf_counter() - t0)
     return tokens, times[1:], len(parts)
@@ -104,41 +140,52 @@ def bench_bare(model, batch, cfg, iters):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--algo", choices=["grpo", "spear"], default="grpo")
     ap.add_argument("--trajs", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=200)
-    ap.add_argument("--budget", type=int, default=2048, help="micro_batch_token_budget")
+    ap.add_argument("--budget", type=int, default=0, help="micro_batch_token_budget (0 = the config default)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=512)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     import rllib_spear  # noqa: F401
-    from rllib_spear import SPEARConfig
+    from rllib_spear import GRPOConfig, SPEARConfig
     from rllib_spear.models.factory import tiny_model_path
     from transformers import AutoModelForCausalLM
 
-    path = tiny_model_path()
-    cfg = (SPEARConfig().environment("search_qa")
-           .env_runners(num_env_runners=0, max_response_tokens=256, max_model_len=512)
-           .training(lr=1e-5, loss_mode="vanilla", entropy_coeff=0.0,
-                     micro_batch_token_budget=args.budget)
+    path = tiny_model_path(hidden=args.hidden, layers=args.layers, vocab_size=args.vocab)
+    cfg = ({"grpo": GRPOConfig, "spear": SPEARConfig}[args.algo]()
+           .environment("search_qa").env_runners(num_env_runners=0)
            .rl_module(model_config={"model_path": path}).debugging(seed=0))
+    if args.budget:
+        cfg = cfg.training(micro_batch_token_budget=args.budget)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    n_params = sum(p.numel() for p in model.parameters())
     trajs = synthetic_trajectories(args.trajs, args.tokens, model.config.vocab_size)
-    batch = learner_batch(trajs, cfg.loss_t_norm)
+    rows = learner_rows(trajs)
+    batch = learner_batch(rows, cfg)
 
     tok_b, t_bare, n_parts = bench_bare(model, batch, cfg, args.iters)
-    tok_l, t_learn, _ = bench_learner(cfg, batch, args.iters)
-    # bare again, so that a warm-up / frequency drift does not favour one side
+    tok_l, t_learn, metrics = bench_learner(cfg, rows, args.iters)
     _, t_bare2, _ = bench_bare(model, batch, cfg, args.iters)
     t_bare = t_bare + t_bare2
     bare = tok_b / float(np.median(t_bare))
     learn = tok_l / float(np.median(t_learn))
+    print(f"model: {n_params / 1e6:.2f}M parameters (hidden {args.hidden}, layers {args.layers}, vocab "
+          f"{args.vocab}); algo {args.algo}: entropy_coeff {cfg.entropy_coeff}, entropy_metric_tokens "
+          f"{getattr(cfg, 'entropy_metric_tokens', '-')}, loss_mode {cfg.loss_mode}")
     print(f"batch: {args.trajs} trajectories, {tok_l} tokens, {n_parts} micro-batches "
-          f"(budget {args.budget}), torch threads {torch.get_num_threads()}")
-    print(f"bare torch loop   : {bare:10.1f} tokens/s  (median {np.median(t_bare) * 1e3:.1f} ms/update)")
-    print(f"GRPOTorchLearner  : {learn:10.1f} tokens/s  (median {np.median(t_learn) * 1e3:.1f} ms/update)")
+          f"(budget {cfg.micro_batch_token_budget}), torch threads {torch.get_num_threads()}; "
+          f"entropy metric logged: {'entropy' in metrics}")
+    print(f"bare torch loop   : {bare:10.1f} tokens/s  (median {np.median(t_bare) * 1e3:.1f} ms/update, "
+          f"spread {min(t_bare) * 1e3:.1f}-{max(t_bare) * 1e3:.1f})")
+    print(f"GRPOTorchLearner  : {learn:10.1f} tokens/s  (median {np.median(t_learn) * 1e3:.1f} ms/update, "
+          f"spread {min(t_learn) * 1e3:.1f}-{max(t_learn) * 1e3:.1f})")
     ratio = learn / bare
     print(f"ratio learner/bare: {ratio:.3f}x  (target >= 0.9x: {'OK' if ratio >= 0.9 else 'BELOW'})")
 
