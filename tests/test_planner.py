@@ -195,13 +195,16 @@ def test_activation_estimate_matches_saved_tensors(arch, regime, checkpointing):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if lora:
             model.enable_input_require_grads()
-    for rows, row_len in ((1, 96), (3, 40)):  # unpadded (is_causal, GQA in SDPA) and padded (mask)
+    # unpadded (is_causal, GQA in SDPA) and padded (mask); the head in one chunk (not checkpointed)
+    # and in chunks of 8 positions per row (checkpointed)
+    for rows, row_len, chunk in ((1, 96, None), (3, 40, None), (1, 96, 8), (3, 40, 8)):
         ids, mask = accuracy.micro_batch(shape.vocab, rows, row_len, padded=rows > 1)
-        measured = accuracy.measure_saved(model, ids, mask, autocast=prec.autocast)
+        scored = int((mask[:, 1:].bool() & mask[:, :-1].bool()).sum())  # targets with a left context
+        measured = accuracy.measure_saved(model, ids, mask, autocast=prec.autocast, chunk_size=chunk)
         est = saved_bytes(shape, prec, rows=rows, row_len=row_len, checkpointing=checkpointing,
                           lora_targets=shape.lora_targets(lora["target_modules"]) if lora else (),
-                          lora_r=4 if lora else 0).total
-        assert abs(est / measured - 1) <= ACTIVATION_TOLERANCE, (rows, row_len, est, measured)
+                          lora_r=4 if lora else 0, scored=scored, chunk_size=chunk).total
+        assert abs(est / measured - 1) <= ACTIVATION_TOLERANCE, (rows, row_len, chunk, est, measured)
 
 
 def test_per_layer_formula_of_the_docs():

@@ -33,6 +33,11 @@ kv = K*d, i intermediate) this gives::
     + 4 * H                 log-sum-exp
     + 4 * b*i               MLP: gate, silu(gate), up, product
 
+The output head scores only the gathered positions of ``score_mask`` (N of them, default every
+position with a left context): checkpointed when they span more than one chunk (the checkpoint
+keeps the gathered [N, h] hidden states and [N] targets), else not (the head linear's input, the
+[N, V] logits and three [N] vectors); plus the [B, T] bool mask (``_head_saved``).
+
 With activation checkpointing (HF ``gradient_checkpointing_enable``, non-reentrant) a block keeps
 only its input hidden states; the cos/sin tables and the boolean mask stay referenced by the
 checkpoint and the block's tensors exist again while it is recomputed in the backward pass.
@@ -47,7 +52,7 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:
     from .shapes import ModelShape
 
-__all__ = ["Precision", "SavedBytes", "saved_bytes", "block_saved_bytes"]
+__all__ = ["Precision", "SavedBytes", "saved_bytes", "block_saved_bytes", "head_rows_per_chunk"]
 
 
 @dataclass(frozen=True)
@@ -90,10 +95,12 @@ class SavedBytes:
     tokens: int
     per_token: float  # bytes per token of activations (including the per-layer mask bias)
     weight_copies: int  # autocast bf16 weight copies kept for backward (bytes, not per token)
+    scored: int = 0  # positions the output head scores
+    per_scored: float = 0.0  # bytes the head keeps per scored position (``_head_saved``)
 
     @property
     def activations(self) -> int:
-        return int(round(self.per_token * self.tokens))
+        return int(round(self.per_token * self.tokens + self.per_scored * self.scored))
 
     @property
     def total(self) -> int:
@@ -117,6 +124,7 @@ class _Trace:
     lora_dropout: bool = False
     saved: dict = field(default_factory=dict)  # storage id -> bytes per token
     weight_copies: int = 0
+    hidden: _T | None = None  # the final norm's output (set by ``_trace``)
     _next: int = 0
 
     def new(self, elems: int, nbytes: int, rg: bool) -> _T:
@@ -225,28 +233,70 @@ def _trace(shape: "ModelShape", prec: Precision, *, checkpointing: bool, mask_le
             x = tr.new(x.elems, x.nbytes, True)  # the residual stream keeps the embeddings' dtype
         else:
             x = _block(tr, shape, x, cos, sin, mask_len, train_base)
-    hidden = tr.rmsnorm(x, 1, train_base)
-    if hidden.rg or train_base:
-        tr.keep(hidden, ids)  # the head chunks' checkpoint keeps the hidden states and targets
-        tr.keep(tr.new(1, 1, False))  # the [B, T] bool "valid target" mask of torch.where
+    tr.hidden = tr.rmsnorm(x, 1, train_base)
+    if tr.hidden.rg or train_base:
+        tr.keep(tr.new(1, 1, False))  # the [B, T] bool scored-target mask masked_scatter keeps
     return tr
+
+
+def _head_saved(shape: "ModelShape", prec: Precision, hidden: _T, *, train_head: bool,
+                checkpointed: bool) -> tuple[float, int]:
+    """(bytes per scored position, weight-copy bytes) the output head keeps.
+
+    ``token_logprobs`` gathers the hidden states of the scored positions into an [N, h] matrix
+    and their targets into an [N] int64 vector (new storages). Checkpointed (several chunks):
+    the checkpoint keeps exactly these two, per position ``h * x + 8`` (x: the hidden states'
+    bytes). Not checkpointed (one chunk): the head linear keeps its input (when it trains; cast
+    to bf16 under autocast) and the fused log-softmax keeps the logits (compute bytes c), the
+    targets and two float32 [N] vectors (log-sum-exp, entropy): ``h * x + V * c + 8 + 8``."""
+    if not (hidden.rg or train_head):
+        return 0.0, 0
+    tr = _Trace(prec)
+    h = tr.new(hidden.elems, hidden.nbytes, hidden.rg)  # the gathered [N, h] rows
+    targets = tr.new(1, 8, False)
+    if checkpointed:
+        tr.keep(h, targets)
+    else:
+        logits = tr.linear(h, "lm_head", shape.hidden, shape.vocab, trainable=train_head)
+        tr.keep(logits, targets, tr.new(1, 4, False), tr.new(1, 4, False))
+    return float(sum(tr.saved.values())), tr.weight_copies
+
+
+def head_rows_per_chunk(shape: "ModelShape", rows: int, chunk_size: int | None = None) -> int:
+    """Gathered positions per head chunk in ``token_logprobs``: ``rows * chunk`` with
+    ``chunk = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (rows * V))`` (models/logprobs.py)."""
+    from ..planning.layouts import DEFAULT_CHUNK_ELEMENTS  # = models/logprobs.py's, without torch
+
+    chunk = int(chunk_size) if chunk_size else max(1, DEFAULT_CHUNK_ELEMENTS // max(1, rows * shape.vocab))
+    return max(1, rows * chunk)
 
 
 def saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int,
                 checkpointing: bool = False, padded: bool | None = None,
                 lora_targets: Iterable[str] = (), lora_r: int = 0, lora_dropout: bool = False,
-                layers: int | None = None) -> SavedBytes:
+                layers: int | None = None, scored: int | None = None,
+                chunk_size: int | None = None) -> SavedBytes:
     """What autograd keeps after ``token_logprobs`` runs forward on ``rows`` x ``row_len`` tokens.
 
     ``padded`` (default: ``rows > 1``): the micro-batch has padding, so HF passes SDPA a boolean
     mask (T = ``row_len`` float bias elements per token and layer, k/v repeated to all heads);
     without padding HF passes no mask (``is_causal``, GQA inside SDPA). ``layers`` limits the trace
-    to the first blocks (tests)."""
+    to the first blocks (tests). ``scored``: the positions the head scores (a learner's loss
+    tokens); default ``rows * (row_len - 1)``, every position with a left context, the most a
+    micro-batch can score. ``chunk_size``: ``token_logprobs``' head chunk (default: its own); the
+    head is checkpointed, and keeps less, when the scored positions span more than one chunk
+    (``_head_saved``)."""
     padded = rows > 1 if padded is None else padded
     tr = _trace(shape, prec, checkpointing=checkpointing, mask_len=row_len if padded else 0,
                 lora_targets=lora_targets, lora_r=lora_r, lora_dropout=lora_dropout, layers=layers)
+    n = rows * max(0, row_len - 1) if scored is None else int(scored)
+    if n < 0:
+        raise ValueError(f"scored={scored}: the number of scored positions must be >= 0")
+    per_scored, head_copies = _head_saved(shape, prec, tr.hidden, train_head=not tr.lora_targets,
+                                          checkpointed=n > head_rows_per_chunk(shape, rows, chunk_size))
     return SavedBytes(tokens=rows * row_len, per_token=float(sum(tr.saved.values())),
-                      weight_copies=tr.weight_copies)
+                      weight_copies=tr.weight_copies + (head_copies if n else 0), scored=n,
+                      per_scored=per_scored)
 
 
 def block_saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int,

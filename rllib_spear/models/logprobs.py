@@ -43,6 +43,13 @@ def unwrap_causal_lm(model):
     return model
 
 
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float32, or float64 when it is float64: the log-softmax runs in at least float32
+    (bf16 / fp16 logits are upcast), and a float64 model is scored in float64 end to end (the
+    float64 checks of tests/models/test_logprobs_gather.py need it)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 def _valid_targets(attention_mask: torch.Tensor) -> torch.Tensor:
     """[B, T] bool: token t is real and has a real token before it."""
     m = attention_mask.bool()
@@ -61,7 +68,7 @@ class _LogpEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, targets, temperature: float, want_entropy: bool):
-        z = logits.float()
+        z = _upcast(logits)
         if temperature != 1.0:
             z = z / temperature
         lse = torch.logsumexp(z, dim=-1)
@@ -79,7 +86,8 @@ class _LogpEntropy(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         logits, targets, lse, ent = ctx.saved_tensors
         T = ctx.temperature
-        buf = logits.float() if logits.dtype != torch.float32 else logits.clone()
+        buf = _upcast(logits)
+        buf = buf.clone() if buf is logits else buf
         if T != 1.0:
             buf.div_(T)
         buf.sub_(lse.unsqueeze(-1))  # log p
@@ -251,8 +259,8 @@ def _scatter(values: list, sel: torch.Tensor, keep: bool) -> torch.Tensor:
     """[B, T] float32 with the gathered ``values`` (row-major over ``sel`` [B, T - 1]) at the
     positions 1.. where ``sel`` holds, 0 elsewhere (position 0 never has a left context)."""
     B = sel.shape[0]
-    flat = torch.cat(values).float() if values else sel.new_zeros((0,), dtype=torch.float32)
-    out = torch.zeros(sel.shape, dtype=torch.float32, device=sel.device)
+    flat = _upcast(torch.cat(values)) if values else sel.new_zeros((0,), dtype=torch.float32)
+    out = torch.zeros(sel.shape, dtype=flat.dtype, device=sel.device)
     if keep:
         out = out.masked_scatter(sel, flat)
     else:
@@ -269,12 +277,12 @@ def _detached_entropy(head, hidden, mask: torch.Tensor, temperature: float, rows
         h = hidden.detach()[:, :-1][sel]
         vals = []
         for s in range(0, h.shape[0], rows_per_chunk):
-            z = head(h[s : s + rows_per_chunk]).float()
+            z = _upcast(head(h[s : s + rows_per_chunk]))
             if temperature != 1.0:
                 z = z / temperature
             vals.append(torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1))
         if vals:
-            out = out.masked_scatter(sel, torch.cat(vals))
+            out = out.to(vals[0].dtype).masked_scatter(sel, torch.cat(vals))
     return torch.cat([out.new_zeros((sel.shape[0], 1)), out], dim=1)
 
 
@@ -294,7 +302,8 @@ def naive_token_logprobs(
         position_ids = position_ids_from_mask(attention_mask)
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).logits.float()
+    ).logits
+    logits = _upcast(logits)
     logp_all = F.log_softmax(logits[:, :-1] / temperature, dim=-1)
     lp = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     B = input_ids.shape[0]

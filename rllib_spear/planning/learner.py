@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..models.activations import Precision, block_saved_bytes, saved_bytes
+from ..models.activations import Precision, block_saved_bytes, head_rows_per_chunk, saved_bytes
 from ..models.shapes import ModelShape
-from .layouts import DEFAULT_CHUNK_ELEMENTS, GPUS_PER_NODE, OVERHEAD_GIB, GIB, LearnerLayout, dtype_bytes, _gib
+from .layouts import GPUS_PER_NODE, OVERHEAD_GIB, GIB, LearnerLayout, dtype_bytes, _gib
 
 # ---------------------------------------------------------------------- activations
 @dataclass
@@ -61,11 +61,15 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
     """Activations of one ``rows`` x ``row_len`` micro-batch (see ``ActivationPeak``).
 
     Head chunk: ``chunk = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (rows * V))`` positions
-    (models/logprobs.py), E = rows * min(chunk, row_len - 1) * V elements; with F = V * h * f the
+    per row (models/logprobs.py); the head scores at most N = rows * (row_len - 1) gathered
+    positions, rows * chunk per chunk: E = min(rows * chunk, N) * V elements. With F = V * h * f the
     fresh gradient of a trained head per chunk (f = c bytes, + 4 under autocast: its cast to the
-    float32 weight) and S = F when several chunks (or tied embeddings) make autograd hold a summed
-    one, the head phase is max(E * (c + 12) + S, E * c + F + S) + tokens * h * x (x: the residual
-    stream's bytes) and the block phase recompute + tokens * (2 * h * x + i * c) (+ F when tied)."""
+    float32 weight), S = F when several chunks (or tied embeddings) make autograd hold a summed
+    one, and R = E * c the logits a checkpointed chunk recomputes (several chunks; one chunk's are
+    saved, not recomputed: R = 0), the head phase is R + max(E * 12 + S, F + S)
+    + (tokens + N) * h * x (x: the residual stream's bytes; the full-length and the gathered
+    hidden-state gradients) and the block phase recompute + tokens * (2 * h * x + i * c)
+    (+ F when tied)."""
     padded = rows > 1 if padded is None else padded
     full_finetune = not lora if full_finetune is None else full_finetune
     la = _lora_args(shape, lora)
@@ -79,18 +83,22 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
         # sized as a trained block even under LoRA: a frozen layer keeps less, but its backward
         # allocates the same input gradients (measured: LoRA's block phase is the full one's)
         recompute = block_saved_bytes(shape, prec, rows=rows, row_len=row_len, padded=padded).activations
-    chunk = int(chunk_size) if chunk_size else max(1, DEFAULT_CHUNK_ELEMENTS // max(1, rows * shape.vocab))
-    elems = rows * max(1, min(chunk, row_len - 1)) * shape.vocab
+    scored = rows * max(0, row_len - 1)  # the most a micro-batch scores (every target position)
+    per_chunk = head_rows_per_chunk(shape, rows, chunk_size)
+    elems = max(1, min(per_chunk, scored)) * shape.vocab
     # the chunk's logits + ~3 float32 buffers (log-softmax temporaries / its gradient), or, in the
     # head's own backward, the logits gradient + the chunk's fresh V x h weight gradient. Autograd
     # sums the contributions to one weight in the AccumulateGrad node's input buffer until the
     # last has arrived, so with several chunks (or a head tied to the embeddings, whose gradient
     # comes last) one V x h sum stays alive beside them.
     fresh = shape.vocab * shape.hidden * (cb + (4 if prec.autocast else 0)) if full_finetune else 0
-    n_chunks = -(-(row_len - 1) // max(1, min(chunk, row_len - 1)))
+    n_chunks = -(-scored // per_chunk)
     pending = fresh if (n_chunks > 1 or shape.tied) else 0
-    head = max(elems * (cb + 12) + pending, elems * cb + fresh + pending)
-    grad_hidden = tokens * shape.hidden * x_bytes
+    # one chunk is not checkpointed: its logits are among the saved tensors, not recomputed here
+    recomputed_logits = elems * cb if n_chunks > 1 else 0
+    head = recomputed_logits + max(elems * 12 + pending, fresh + pending)
+    # the full-length hidden-state gradient and the gathered positions' one it is scattered from
+    grad_hidden = (tokens + scored) * shape.hidden * x_bytes
     # a block's backward: the hidden-state gradient in and out, and one i-wide intermediate
     # gradient (the block's saved tensors are freed as its backward goes, so no more coexist)
     workspace = tokens * (2 * shape.hidden * x_bytes + shape.intermediate * cb) + (fresh if shape.tied else 0)

@@ -104,21 +104,43 @@ def test_nothing_scored_still_reaches_every_parameter(model):
     model.zero_grad()
 
 
-def test_lora_gathered_grads_equal_full_logits(tiny_path):
+#: float32 LoRA gradients: the gathered [N, h] head matmul and the full [B, T, h] one round
+#: differently (other GEMM blocking), and that reaches the adapters through the whole body. Measured
+#: on 5 seeds: max |g_gather - g_full| / max |g_full| per tensor 4.5e-7 .. 7.2e-7, the same as the
+#: full-logits path against itself on the batch's rows permuted (4.4e-7 .. 5.4e-7): float32
+#: reordering, bounded here at about 3x the worst measured. In float64 the two paths agree exactly
+#: (log-probs to 9e-16), so the 1e-6 claim is checked there without slack.
+LORA_FP32_REL_TO_MAX = 2e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_lora_gathered_grads_equal_full_logits(tiny_path, dtype):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=dtype)
     pm = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                                         init_lora_weights=False))
+                                         init_lora_weights=False)).to(dtype)
     ids, attn, loss_mask, _, _ = _multi_turn(base.config.vocab_size)
-    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3)) * loss_mask
+    w = (torch.randn(ids.shape, generator=torch.Generator().manual_seed(3)) * loss_mask).to(dtype)
     pm.zero_grad()
-    (token_logprobs(pm, ids, attn, chunk_size=2, score_mask=loss_mask > 0) * w).sum().backward()
+    lp1 = token_logprobs(pm, ids, attn, chunk_size=2, score_mask=loss_mask > 0)
+    (lp1 * w).sum().backward()
     g1 = _grads(pm)
     pm.zero_grad()
-    (naive_token_logprobs(pm, ids, attn) * w).sum().backward()
+    lp2 = naive_token_logprobs(pm, ids, attn)
+    (lp2 * w).sum().backward()
     g2 = _grads(pm)
+    assert lp1.dtype == lp2.dtype == dtype  # a float64 model is scored in float64 end to end
     assert g1 and all("lora_" in n for n in g1) and g1.keys() == g2.keys()
+    on = loss_mask > 0
+    if dtype == torch.float64:
+        torch.testing.assert_close(lp1[on], lp2[on], atol=1e-12, rtol=0)
+        for n in g2:
+            torch.testing.assert_close(g1[n], g2[n], atol=1e-12, rtol=0, msg=n)
+        return
+    torch.testing.assert_close(lp1[on], lp2[on], atol=1e-6, rtol=0)
     for n in g2:
-        torch.testing.assert_close(g1[n], g2[n], atol=1e-6, rtol=1e-5, msg=n)
+        err = float((g1[n] - g2[n]).abs().max())
+        assert err <= LORA_FP32_REL_TO_MAX * float(g2[n].abs().max()), (n, err, float(g2[n].abs().max()))
