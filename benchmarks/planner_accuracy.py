@@ -159,15 +159,16 @@ def compare(name: str, build, shape: ModelShape, rows: int, row_len: int, quick:
                 if lora:
                     model.enable_input_require_grads()
             measured = measure_saved(model, ids, mask, autocast=prec.autocast)
+            scored = int((mask[:, 1:].bool() & mask[:, :-1].bool()).sum())  # every real target scored
             est = saved_bytes(shape, prec, rows=rows, row_len=row_len, checkpointing=ckpt,
-                              lora_targets=targets, lora_r=(lora or {}).get("r", 0))
+                              lora_targets=targets, lora_r=(lora or {}).get("r", 0), scored=scored)
             row = Row(name, label, ckpt, measured, est.total)
             # bf16 backward is slow on CPUs without bf16 matmul units: peaks in float32 only,
             # except on the tiny model
             if peak and (dtype == torch.float32 and not prec.autocast or name == "tiny"):
                 row.peak_measured = measure_peak(model, ids, mask, autocast=prec.autocast)
                 a = planner.activation_peak(shape, prec, rows=rows, row_len=row_len, checkpointing=ckpt,
-                                            lora=lora, full_finetune=not lora)
+                                            lora=lora, full_finetune=not lora, scored=scored)
                 row.peak_planned = a.total + a.autocast_weights
             out.append(row)
             del model

@@ -15,9 +15,10 @@ from .layouts import GPUS_PER_NODE, OVERHEAD_GIB, GIB, LearnerLayout, dtype_byte
 class ActivationPeak:
     """Activation bytes of one learner GPU at the backward's peak, for one micro-batch.
 
-    ``saved``: what autograd keeps (``models.activations.saved_bytes``); ``held`` (checkpointing):
-    the cos/sin tables and the boolean mask the checkpoints reference; ``head``: the head phase,
-    which comes first in backward: a chunk's logits plus about three float32 [rows, chunk, V]
+    ``saved``: what autograd keeps (``models.activations.saved_bytes``) for the body; ``held``
+    (checkpointing): the cos/sin tables and the boolean mask the checkpoints reference; ``head``:
+    the head phase, which comes first in backward: what the head saved (freed by its backward,
+    so not alive in the block phase), a chunk's logits plus about three float32 [rows, chunk, V]
     buffers of the fused log-softmax, or the logits gradient plus the chunk's fresh V x h weight
     gradient, whichever is larger, plus the head weight's summed gradient autograd holds until
     its last contribution and the full-length hidden-state gradient; ``recompute``
@@ -57,12 +58,14 @@ def _lora_args(shape: ModelShape, lora: Mapping[str, Any] | None) -> dict:
 
 def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: int, checkpointing: bool,
                     lora: Mapping[str, Any] | None = None, full_finetune: bool | None = None,
-                    chunk_size: int | None = None, padded: bool | None = None) -> ActivationPeak:
+                    chunk_size: int | None = None, padded: bool | None = None,
+                    scored: int | None = None) -> ActivationPeak:
     """Activations of one ``rows`` x ``row_len`` micro-batch (see ``ActivationPeak``).
 
     Head chunk: ``chunk = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (rows * V))`` positions
     per row (models/logprobs.py); the head scores at most N = rows * (row_len - 1) gathered
-    positions, rows * chunk per chunk: E = min(rows * chunk, N) * V elements. With F = V * h * f the
+    positions (``scored`` when given: a measurement's exact count), rows * chunk per chunk:
+    E = min(rows * chunk, N) * V elements. With F = V * h * f the
     fresh gradient of a trained head per chunk (f = c bytes, + 4 under autocast: its cast to the
     float32 weight), S = F when several chunks (or tied embeddings) make autograd hold a summed
     one, and R = E * c the logits a checkpointed chunk recomputes (several chunks; one chunk's are
@@ -73,7 +76,9 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
     padded = rows > 1 if padded is None else padded
     full_finetune = not lora if full_finetune is None else full_finetune
     la = _lora_args(shape, lora)
-    sb = saved_bytes(shape, prec, rows=rows, row_len=row_len, checkpointing=checkpointing, padded=padded, **la)
+    scored = rows * max(0, row_len - 1) if scored is None else int(scored)  # default: the most
+    sb = saved_bytes(shape, prec, rows=rows, row_len=row_len, checkpointing=checkpointing, padded=padded,
+                     scored=scored, chunk_size=chunk_size, **la)
     tokens = rows * row_len
     cb = prec.compute_bytes
     x_bytes = prec.weight_bytes  # the residual stream keeps the embeddings' dtype
@@ -83,7 +88,6 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
         # sized as a trained block even under LoRA: a frozen layer keeps less, but its backward
         # allocates the same input gradients (measured: LoRA's block phase is the full one's)
         recompute = block_saved_bytes(shape, prec, rows=rows, row_len=row_len, padded=padded).activations
-    scored = rows * max(0, row_len - 1)  # the most a micro-batch scores (every target position)
     per_chunk = head_rows_per_chunk(shape, rows, chunk_size)
     elems = max(1, min(per_chunk, scored)) * shape.vocab
     # the chunk's logits + ~3 float32 buffers (log-softmax temporaries / its gradient), or, in the
@@ -92,7 +96,7 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
     # last has arrived, so with several chunks (or a head tied to the embeddings, whose gradient
     # comes last) one V x h sum stays alive beside them.
     fresh = shape.vocab * shape.hidden * (cb + (4 if prec.autocast else 0)) if full_finetune else 0
-    n_chunks = -(-scored // per_chunk)
+    n_chunks = max(1, -(-scored // per_chunk))
     pending = fresh if (n_chunks > 1 or shape.tied) else 0
     # one chunk is not checkpointed: its logits are among the saved tensors, not recomputed here
     recomputed_logits = elems * cb if n_chunks > 1 else 0
@@ -110,8 +114,10 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
             # frozen weights are cast per call: kept for backward without checkpointing, else
             # one block's and the head's at a time
             copies = max(sb.weight_copies, 2 * (shape.block_linear_weights + shape.vocab * shape.hidden))
-    return ActivationPeak(rows, row_len, padded, sb.activations, held, recompute, head + grad_hidden, workspace,
-                          elems, copies)
+    # the head's saved tensors are freed by its backward, before any block's: head phase only
+    head_saved = int(round(sb.per_scored * sb.scored))
+    return ActivationPeak(rows, row_len, padded, sb.activations - head_saved, held, recompute,
+                          head_saved + head + grad_hidden, workspace, elems, copies)
 
 
 def packing_cases(budget: int, max_len: int) -> list[tuple[int, int]]:
