@@ -98,6 +98,23 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
     return cfg
 
 
+def _progress_callback(label: str, every: int = 1):
+    """A Tune callback printing one line per ``every`` iterations of a trial (Tune runs with
+    verbose=0 here, and a trial of a large model takes minutes)."""
+    from ray.tune import Callback
+
+    class _Progress(Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            it = int(result.get("training_iteration", 0))
+            if it % every == 0:
+                e = result.get("env_runners", {})
+                print(f"  {label} iteration {it}: success {e.get('success_rate', float('nan')):.3f}, "
+                      f"tool-call rate {e.get('tool_call_rate', float('nan')):.2f} "
+                      f"({result.get('time_this_iter_s', float('nan')):.0f} s)", flush=True)
+
+    return _Progress()
+
+
 def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int], args) -> list[dict]:
     from ray import tune
 
@@ -107,7 +124,8 @@ def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int
         t0 = time.time()
         grid = tune.Tuner(algo, param_space=cfg, run_config=tune.RunConfig(
             name=f"{name}-s{seed}", storage_path=str(Path(args.out).resolve() / "tune"),
-            stop={"training_iteration": args.iterations}, verbose=0)).fit()
+            stop={"training_iteration": args.iterations}, verbose=0,
+            callbacks=[_progress_callback(f"{name} seed {seed}", getattr(args, "progress_every", 10))])).fit()
         res = grid[0]
         if res.error:
             raise RuntimeError(f"{name} seed {seed} failed: {res.error}")
