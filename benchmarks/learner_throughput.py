@@ -105,7 +105,8 @@ def bare_logprobs(model, ids, attn, score, temperature):
     return torch.cat([out.new_zeros((ids.shape[0], 1)), out], 1)
 
 
-def bench_bare(model, batch, cfg, iters):
+def bench_bare(model, batch, cfg, iters, clock=time.perf_counter):
+    """The bare torch loop on ``batch``: (tokens, per-update times by ``clock``, micro-batches)."""
     from rllib_spear.algorithms.grpo.microbatching import slice_rows, token_budget_microbatches
     from rllib_spear.core.losses import LossNormalizer, policy_loss
 
@@ -122,7 +123,7 @@ def bench_bare(model, batch, cfg, iters):
     model.train()
     times = []
     for _ in range(iters + 1):
-        t0 = time.perf_counter()
+        t0 = clock()
         opt.zero_grad(set_to_none=True)
         for part in parts:
             sub = slice_rows(data, part)
@@ -134,7 +135,7 @@ def bench_bare(model, batch, cfg, iters):
             loss.backward()
         torch.nn.utils.clip_grad_norm_(params, float(cfg.grad_clip))
         opt.step()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return tokens, times[1:], len(parts)
 
 
