@@ -51,20 +51,3 @@ def test_unknown_kind_names_the_choices(hf_engine):
     with pytest.raises(ValueError, match="dynamic"):
         make_kv_cache("paged", hf_engine.model, 8)
     assert all(isinstance(layer, PreallocatedLayer) for layer in preallocated_cache(hf_engine.model, 8).layers)
-
-
-def test_repeated_prompts_share_one_prefill(hf_engine, chat_prompts):
-    """A group's copies of a prompt are prefilled once: every copy still scores its own sampled
-    tokens like a fresh forward does, copies sample independently, and greedy copies agree with
-    the batch without repeats."""
-    prompts = [chat_prompts[0], chat_prompts[1]] * 3 + [chat_prompts[2]]
-    outs = hf_engine.generate(prompts, SamplingConfig(max_new_tokens=12, seed=4))
-    for p, o in zip(prompts, outs):
-        alone = hf_engine.score([list(p) + o.token_ids])[0][len(p):]
-        assert max(abs(x - y) for x, y in zip(alone, o.logprobs)) < 1e-4
-    assert len({tuple(o.token_ids) for o in outs[0:6:2]}) > 1  # the copies of prompt 0 differ
-    greedy = SamplingConfig(temperature=0.0, max_new_tokens=12)
-    rep = hf_engine.generate(prompts, greedy)
-    ref = hf_engine.generate(chat_prompts[:3], greedy)
-    for o, k in zip(rep, [0, 1] * 3 + [2]):
-        assert o.token_ids == ref[k].token_ids

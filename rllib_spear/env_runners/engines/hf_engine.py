@@ -180,26 +180,10 @@ class HFEngine(GenerationEngine):
         rows = torch.arange(B, device=dev)  # original row of each live batch slot
 
         cache = make_kv_cache(self.kv_cache, self.model, L + max_cap)
-        # A group's samples share their prompt: prefill each distinct prompt once, then give every
-        # row a copy of its prompt's cache (GRPO's G samples per task: 1/G of the prefill).
-        first: dict[tuple, int] = {}  # prompt -> its slot in the prefill batch
-        slot, uniq_rows = [], []  # each row's slot; the first row of each slot
-        for i, p in enumerate(prompts):
-            key = tuple(p)
-            if key not in first:
-                first[key] = len(uniq_rows)
-                uniq_rows.append(i)
-            slot.append(first[key])
-        uniq = torch.tensor(uniq_rows, device=dev)
         out = self.model(
-            input_ids=ids[uniq], attention_mask=attn[uniq], position_ids=pos[uniq], past_key_values=cache,
-            use_cache=True, logits_to_keep=1,
+            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
         )
         logits = out.logits[:, -1]
-        if len(first) < B:
-            expand = torch.tensor(slot, device=dev)
-            cache.batch_select_indices(expand)
-            logits = logits[expand]
         last_pos = pos[:, -1]
         step_tokens, step_lps = [], []  # per step: [live] tensors, mapped by `rows` snapshots
         for step in range(max_cap):
