@@ -57,9 +57,6 @@ class HFEngine(GenerationEngine):
         dtype: weights dtype when loading (``"float32"`` default; ``"bfloat16"`` on GPU).
         device: ``"cpu"`` or ``"cuda"``.
         max_batch_size: split larger ``generate`` calls into chunks of this many prompts.
-        kv_cache: the decode loop's KV cache, a name of ``kv_cache.KV_CACHES``:
-            ``"preallocated"`` (default: one buffer per layer for prompt + longest completion,
-            no per-step copy of the cache) or ``"dynamic"`` (transformers' ``DynamicCache``).
     """
 
     def __init__(
@@ -72,14 +69,8 @@ class HFEngine(GenerationEngine):
         device: str | torch.device = "cpu",
         max_batch_size: int | None = None,
         attn_implementation: str | None = "sdpa",
-        kv_cache: str = "preallocated",
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from .kv_cache import KV_CACHES
-
-        KV_CACHES.get(kv_cache)  # an unknown name fails here, naming the choices
-        self.kv_cache = kv_cache
 
         if model is None:
             if model_path is None:
@@ -148,7 +139,7 @@ class HFEngine(GenerationEngine):
         return outputs  # type: ignore[return-value]
 
     def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
-        from .kv_cache import make_kv_cache
+        from transformers import DynamicCache
 
         dev = self.device
         B = len(prompts)
@@ -173,7 +164,7 @@ class HFEngine(GenerationEngine):
         caps_t = torch.tensor(caps, device=dev)
         rows = torch.arange(B, device=dev)  # original row of each live batch slot
 
-        cache = make_kv_cache(self.kv_cache, self.model, L + max_cap)
+        cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
         )
