@@ -115,12 +115,15 @@ def _progress_callback(label: str, every: int = 1):
     return _Progress()
 
 
-def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int], args) -> list[dict]:
+def run_variant(name: str, algo: str, overrides: dict, env: str, seeds: list[int], args,
+                build=None) -> list[dict]:
+    """Train `name` once per seed through tune.Tuner; `build` (default `build_config`) makes each
+    trial's config."""
     from ray import tune
 
     rows = []
     for seed in seeds:
-        cfg = build_config(algo, overrides, env, seed, args)
+        cfg = (build or build_config)(algo, overrides, env, seed, args)
         t0 = time.time()
         grid = tune.Tuner(algo, param_space=cfg, run_config=tune.RunConfig(
             name=f"{name}-s{seed}", storage_path=str(Path(args.out).resolve() / "tune"),

@@ -52,7 +52,7 @@ def real_model_config(algo: str, overrides: dict, env: str, seed: int, args):
     """``learning_curves.build_config`` with the LoRA adapter on the model (``args.lora_rank`` 0:
     a full fine-tune), sampling in the driver with ``args.engine``, and the held-out task's files
     when ``args.task_files`` is set."""
-    cfg = _base_build_config(algo, overrides, env, seed, args)
+    cfg = lc.build_config(algo, overrides, env, seed, args)
     model = {"model_path": args.model_path}
     if args.lora_rank:
         model["lora"] = {**LORA, "r": args.lora_rank, "lora_alpha": 2 * args.lora_rank}
@@ -66,11 +66,6 @@ def real_model_config(algo: str, overrides: dict, env: str, seed: int, args):
                         env_config={**cfg.env_config, "corpus_path": args.task_files["corpus"]})
     cfg.validate()
     return cfg
-
-
-_base_build_config = lc.build_config
-# run_variant builds each trial's config through the module's build_config: ours adds the above
-lc.build_config = real_model_config
 
 
 def main() -> None:
@@ -125,7 +120,8 @@ def main() -> None:
         rows: list[dict] = []
         for name in wanted:
             algo, over = VARIANTS[name]
-            rows += lc.run_variant(name, algo, over, "search_qa", list(range(args.seeds)), args)
+            rows += lc.run_variant(name, algo, over, "search_qa", list(range(args.seeds)), args,
+                                  build=real_model_config)
             pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
         wall_s = time.time() - t0
         (out / "meta.json").write_text(json.dumps({"wall_s": wall_s, "task": task, "args": vars(args)},
