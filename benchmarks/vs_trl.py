@@ -43,7 +43,8 @@ the rest of the driver's work, since TRL's update cannot be timed apart); end-to
 (completion tokens / step time); the ratios ours / TRL; and our learner update alone
 (``GRPO.update_learners``) against a bare torch loop on the same batch
 (``learner_throughput.bench_bare``: HF body, log-softmax gather on the completion positions,
-backward, clipping, fused AdamW), in trained tokens/s. ``--cpu-time --threads 1`` times with
+backward, clipping, fused AdamW), in trained tokens/s: the bare loop runs on the batch of each of
+our timed steps right after it (paired), and the ratio is the median of the per-step ratios. ``--cpu-time --threads 1`` times with
 the process's CPU time instead of the wall clock, for a machine other jobs share.
 Targets (issue "Faster than TRL per training step"): end-to-end >= 1.2x TRL on both models,
 trained >= 0.9x bare torch.
@@ -312,16 +313,24 @@ def _tmpdir() -> str:
 
 
 # ---------------------------------------------------------------------- bare torch
-def bare_trained_tok_s(path: str, ours: Ours, iters: int) -> float:
-    """Trained tokens/s of the bare torch loop (``learner_throughput.bench_bare``) on our last batch."""
-    from transformers import AutoModelForCausalLM
+class Bare:
+    """The bare torch loop (``learner_throughput.bench_bare``) on its own copy of the model, run on
+    the batch of each of our timed steps right after it: the two learners are compared on the same
+    batch at the same moment, so a drift of the machine's speed between steps cancels."""
 
-    from learner_throughput import bench_bare, learner_batch
+    def __init__(self, path: str, iters: int):
+        from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    batch = learner_batch(ours.rows, ours.config)
-    tokens, times, _ = bench_bare(model, batch, ours.config, iters, clock=CLOCK)
-    return tokens / float(np.median(times))
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.iters = iters
+
+    def trained_tok_s(self, ours: Ours) -> float:
+        """Trained tokens/s (median over ``iters`` timed updates after one warm-up) on ``ours``'s last batch."""
+        from learner_throughput import bench_bare, learner_batch
+
+        tokens, times, _ = bench_bare(self.model, learner_batch(ours.rows, ours.config), ours.config,
+                                      self.iters, clock=CLOCK)
+        return tokens / float(np.median(times))
 
 
 # ---------------------------------------------------------------------- report
@@ -335,15 +344,19 @@ def compare(name: str, alternations: int, steps: int, bare_iters: int) -> dict[s
     n_params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(path).parameters())
     prompts = questions(PROMPTS * 8)
     trl, ours = TRL(path, prompts), Ours(path, prompts)
+    bare_side = Bare(path, bare_iters)
     sides = {"trl": Side("TRL GRPOTrainer"), "ours": Side("rllib_spear GRPO")}
+    bare_tok_s: list[float] = []  # the bare loop on the batch of each of our timed steps
     ours.step()  # warm-up (first generate / first update), not timed
+    bare_side.trained_tok_s(ours)
     trl.run(1)
     for a in range(alternations):
         # each train() call's first step builds TRL's optimizer and dataloader: dropped
         sides["trl"].steps += trl.run(steps + 1)[1:]
-        sides["ours"].steps += [ours.step() for _ in range(steps)]
+        for _ in range(steps):
+            sides["ours"].steps.append(ours.step())
+            bare_tok_s.append(bare_side.trained_tok_s(ours))
         print(f"  [{name}] alternation {a + 1}/{alternations} done", flush=True)
-    bare = bare_trained_tok_s(path, ours, bare_iters)
     ours.close()
     print(f"\nmodel {name}: {n_params / 1e6:.2f}M parameters, vocab {VOCAB}, fp32; {PROMPTS} prompts x {SAMPLES} "
           f"samples x <= {NEW_TOKENS} new tokens; {alternations} alternations x {steps} steps; torch threads "
@@ -357,10 +370,12 @@ def compare(name: str, alternations: int, steps: int, bare_iters: int) -> dict[s
     med = {k: {m: statistics.median(v) for m, v in r.items()} for k, r in rates.items()}
     out = {f"ours_over_trl_{m}": med["ours"][m] / med["trl"][m]
            for m in ("generated_tok_s", "trained_tok_s", "end_to_end_tok_s")}
-    out["ours_over_bare_trained"] = med["ours"]["update_tok_s"] / bare
+    # paired: our update over the bare loop on the same batch, step by step; the median of those
+    paired = [o / b for o, b in zip(rates["ours"]["update_tok_s"], bare_tok_s)]
+    out["ours_over_bare_trained"] = statistics.median(paired)
     out["trl_step_s"], out["ours_step_s"] = med["trl"]["step_s"], med["ours"]["step_s"]
-    print(f"bare torch loop    trained {bare:9.2f} tok/s; our learner update alone "
-          f"{_med(rates['ours']['update_tok_s'])} tok/s")
+    print(f"bare torch loop    trained {_med(bare_tok_s)} tok/s; our learner update alone "
+          f"{_med(rates['ours']['update_tok_s'])} tok/s; per step ours / bare {_med(paired)}")
     print(f"ours / TRL: generated {out['ours_over_trl_generated_tok_s']:.2f}x, trained "
           f"{out['ours_over_trl_trained_tok_s']:.2f}x, end-to-end {out['ours_over_trl_end_to_end_tok_s']:.2f}x "
           f"(target >= 1.2x: {'OK' if out['ours_over_trl_end_to_end_tok_s'] >= 1.2 else 'BELOW'})")
@@ -389,7 +404,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
             raise ValueError(f"--models: unknown model {n!r}; choose from {', '.join(MODELS)}")
     if args.quick:
         names, args.alternations, args.steps = names[:1], 1, 1
-    return {n: compare(n, args.alternations, args.steps, bare_iters=1 if args.quick else 5) for n in names}
+    return {n: compare(n, args.alternations, args.steps, bare_iters=1 if args.quick else 3) for n in names}
 
 
 if __name__ == "__main__":
