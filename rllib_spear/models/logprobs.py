@@ -121,6 +121,21 @@ def _chunk_logp_ent(head, hidden, targets, temperature):
     return _chunk_stats(head, hidden, targets, temperature, True)
 
 
+def _chunk_logp_metric(head, hidden, targets, temperature, metric_rows):
+    """Log-probs of a chunk and, detached, the entropy of its rows ``metric_rows`` (bool [c]) from
+    the same logits: the entropy metric's sample costs no second head matmul; 0 on other rows."""
+    logits = head(hidden)
+    logp, _ = _LogpEntropy.apply(logits, targets, float(temperature), False)
+    with torch.no_grad():
+        ent = torch.zeros(logits.shape[0], dtype=_upcast(logits[:0]).dtype, device=logits.device)
+        if bool(metric_rows.any()):
+            z = _upcast(logits.detach()[metric_rows])
+            if temperature != 1.0:
+                z = z / temperature
+            ent[metric_rows] = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+    return logp, ent
+
+
 def _body_and_head(model):
     lm = unwrap_causal_lm(model)
     head = lm.get_output_embeddings()
@@ -196,7 +211,9 @@ def _token_logprobs_unsharded(
         score_mask: [B, T], nonzero where position t is scored (a learner passes its loss mask);
             default: every position with a real left context. Unscored positions hold 0.
         entropy_mask: [B, T], nonzero where a detached (no-gradient) entropy is wanted without
-            ``return_entropy`` (the entropy metric's sample); those positions need not be scored.
+            ``return_entropy`` (the entropy metric's sample); those positions need not be scored
+            (when all of them are, the entropy comes from the scoring chunks' logits, with no
+            second pass of the head).
 
     Returns:
         ``logp`` [B, T] float32, or ``(logp, entropy)`` when ``return_entropy`` or
@@ -236,19 +253,28 @@ def _token_logprobs_unsharded(
         keep = True
     n = h.shape[0]
     ckpt = grad and n > rows_per_chunk
+    # The entropy metric's sample, when it lies on scored positions (a learner samples its loss
+    # tokens), is read off the scoring chunks' logits; otherwise it takes its own head pass.
+    metric = None
+    if entropy_mask is not None and not return_entropy:
+        wanted = valid & entropy_mask.bool()
+        if keep and not bool((wanted & ~scored).any()):
+            metric = wanted[:, 1:][sel]
     logps, ents = [], []
     for s in range(0, n, rows_per_chunk):
         hc, tc = h[s : s + rows_per_chunk], targets[s : s + rows_per_chunk]
-        fn = _chunk_logp_ent if return_entropy else _chunk_logp
-        res = checkpoint(fn, head, hc, tc, float(temperature), use_reentrant=False) if ckpt else \
-            fn(head, hc, tc, float(temperature))
-        if return_entropy:
+        if metric is not None:
+            fn, args = _chunk_logp_metric, (head, hc, tc, float(temperature), metric[s : s + rows_per_chunk])
+        else:
+            fn, args = (_chunk_logp_ent if return_entropy else _chunk_logp), (head, hc, tc, float(temperature))
+        res = checkpoint(fn, *args, use_reentrant=False) if ckpt else fn(*args)
+        if return_entropy or metric is not None:
             res, en = res
             ents.append(en)
         logps.append(res)
     logp = _scatter(logps, sel, keep)
     ent = None
-    if return_entropy:
+    if return_entropy or metric is not None:
         ent = _scatter(ents, sel, keep)
     elif entropy_mask is not None:
         ent = _detached_entropy(head, hidden, valid & entropy_mask.bool(), float(temperature), rows_per_chunk)

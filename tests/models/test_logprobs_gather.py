@@ -90,6 +90,59 @@ def test_detached_entropy_sample_positions(model):
     assert torch.all(ent[~pick] == 0)
 
 
+def _head_rows(model, fn):
+    """Rows the output head scored while ``fn`` ran (a forward hook on the head)."""
+    rows = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(i[0].shape[0]))
+    try:
+        out = fn()
+    finally:
+        handle.remove()
+    return out, rows
+
+
+@pytest.mark.parametrize("chunk_size", [None, 3])  # one chunk; 12-row checkpointed chunks
+def test_entropy_sample_on_loss_tokens_reuses_the_scoring_logits(model, chunk_size):
+    """A sample inside the loss mask is read off the scoring chunks: the head sees only the
+    scored rows (no second pass), the entropies equal the full-logits ones, and the log-probs
+    and their gradients are those of the call without a sample."""
+    ids, attn, loss_mask, old, adv = _multi_turn(model.config.vocab_size)
+    on = loss_mask > 0
+    pick = torch.zeros_like(on)
+    pick[0, 13] = pick[0, 33] = pick[1, 30] = pick[3, 25] = True
+    n_scored = int((on[:, 1:] & attn[:, 1:].bool() & attn[:, :-1].bool()).sum())
+    with torch.no_grad():
+        (lp, ent), rows = _head_rows(model, lambda: token_logprobs(model, ids, attn, chunk_size=chunk_size,
+                                                                   score_mask=on, entropy_mask=pick))
+    assert sum(rows) == n_scored
+    _, ent_n = naive_token_logprobs(model, ids, attn, return_entropy=True)
+    torch.testing.assert_close(ent[pick], ent_n.detach()[pick], atol=1e-6, rtol=1e-6)
+    assert torch.all(ent[~pick] == 0)
+    cfg = PolicyLossConfig(loss_agg_mode="token-mean")
+    with_pick = _loss_and_grads(model, lambda: (token_logprobs(model, ids, attn, chunk_size=chunk_size, score_mask=on,
+                                                               entropy_mask=pick)[0], None),
+                                ids, attn, loss_mask, old, adv, cfg, 0.0)
+    without = _loss_and_grads(model, lambda: (token_logprobs(model, ids, attn, chunk_size=chunk_size,
+                                                             score_mask=on), None),
+                              ids, attn, loss_mask, old, adv, cfg, 0.0)
+    assert torch.equal(with_pick[0], without[0]) and torch.equal(with_pick[1], without[1])
+    for n in without[2]:
+        assert torch.equal(with_pick[2][n], without[2][n]), n
+
+
+def test_entropy_sample_off_the_loss_tokens_takes_its_own_head_pass(model):
+    ids, attn, loss_mask, _, _ = _multi_turn(model.config.vocab_size)
+    on = loss_mask > 0
+    pick = torch.zeros_like(on)
+    pick[0, 13] = pick[1, 5] = True  # (1, 5) is a prompt token: not scored
+    with torch.no_grad():
+        (_, ent), rows = _head_rows(model, lambda: token_logprobs(model, ids, attn, score_mask=on, entropy_mask=pick))
+    assert rows[-1] == 2  # the sample's own pass
+    _, ent_n = naive_token_logprobs(model, ids, attn, return_entropy=True)
+    torch.testing.assert_close(ent[pick], ent_n[pick], atol=1e-6, rtol=1e-6)
+    assert torch.all(ent[~pick] == 0)
+
+
 def test_nothing_scored_still_reaches_every_parameter(model):
     """A DDP / FSDP dummy row (loss mask all 0) must still run a backward through every
     parameter, contributing exactly 0."""
