@@ -174,7 +174,10 @@ def _reach_text(mean: float, reached: int, seeds: int) -> str:
     return f"{'>= ' if reached < seeds else ''}{mean:.1f} ({reached}/{seeds})"
 
 
-def write_outputs(df, out: Path, wall_s: float, args) -> str:
+def write_outputs(df, out: Path, wall_s: float, args, checks=None) -> str:
+    """Write runs.csv, the plots and table.md under ``out``; return the table. ``checks``: a
+    function (df, target, final_window) -> (title, lines) of the must-show checks (default: this
+    benchmark's issue, ``must_show_checks``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -243,10 +246,9 @@ def write_outputs(df, out: Path, wall_s: float, args) -> str:
     multi = multi_answer_table(df, args.final_window)
     if multi:
         lines += ["", "Multi-answer search, final values (the answers found: recall; searches per episode):", ""] + multi
-    checks = must_show_checks(df, target, args.final_window)
-    if checks:
-        lines += ["", "Must-show checks (issue: SPEAR >= Dr.BoT + 5 points, reaches Dr.BoT's final in "
-                  "<= 0.6x its iterations, Dr.BoT >= GRPO; >= 3 seeds):", ""] + [f"- {c}" for c in checks]
+    title, found = (checks or _learning_checks)(df, target, args.final_window)
+    if found:
+        lines += ["", title, ""] + [f"- {c}" for c in found]
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     return table
@@ -286,6 +288,11 @@ def block_table(df, blocks: int = 6) -> list[str]:
             rows += ["| variant | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
         rows.append(f"| {v} | " + " | ".join(f"{m:.3f} / {t:.2f}" for (_, _, m), (_, _, t) in zip(main, tool)) + " |")
     return rows
+
+
+def _learning_checks(df, target: float, window: int) -> tuple[str, list[str]]:
+    return ("Must-show checks (issue: SPEAR >= Dr.BoT + 5 points, reaches Dr.BoT's final in <= 0.6x its "
+            "iterations, Dr.BoT >= GRPO; >= 3 seeds):", must_show_checks(df, target, window))
 
 
 def must_show_checks(df, target: float, window: int) -> list[str]:

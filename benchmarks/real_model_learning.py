@@ -68,6 +68,22 @@ def real_model_config(algo: str, overrides: dict, env: str, seed: int, args):
     return cfg
 
 
+def real_model_checks(df, target: float, window: int) -> tuple[str, list[str]]:
+    """The must-show checks of this benchmark's issue: SPEAR's final success >= Dr.BoT's + 5
+    points, from at least 2 seeds per method (``target``, Dr.BoT's final, is not used)."""
+    search = df[df.env == "search_qa"]
+    out = []
+    if {"SPEAR", "DrBoT"} <= set(search.variant):
+        sp = lc.final_value(search, "SPEAR", "success", window)[0]
+        db = lc.final_value(search, "DrBoT", "success", window)[0]
+        gap = 100 * (sp - db)
+        out.append(f"SPEAR final {sp:.3f} vs Dr.BoT {db:.3f}: {gap:+.1f} points ({'PASS' if gap >= 5 else 'FAIL'})")
+        n = search.groupby("variant").seed.nunique()
+        counts = ", ".join(f"{k} {int(v)}" for k, v in n.items())
+        out.append(f"seeds per method: {counts} ({'PASS' if n.min() >= 2 else 'FAIL: fewer than 2'})")
+    return "Must-show checks (issue: SPEAR >= Dr.BoT + 5 points; >= 2 seeds per method):", out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, embedded task, 2 iterations (< 15 min)")
@@ -126,7 +142,8 @@ def main() -> None:
         wall_s = time.time() - t0
         (out / "meta.json").write_text(json.dumps({"wall_s": wall_s, "task": task, "args": vars(args)},
                                                   indent=1, default=str))
-        print(f"## task {task}\n" + lc.write_outputs(pd.DataFrame(rows), out, wall_s, args), flush=True)
+        table = lc.write_outputs(pd.DataFrame(rows), out, wall_s, args, checks=real_model_checks)
+        print(f"## task {task}\n" + table, flush=True)
         print(f"wrote {out}/runs.csv, curves.png, entropy.png, table.md in {wall_s / 60:.1f} min", flush=True)
     print(f"all tasks: {(time.time() - t_all) / 60:.1f} min", flush=True)
 

@@ -45,3 +45,27 @@ def test_heldout_task_files_reach_the_env(model, tmp_path):
     cfg = rml.real_model_config("DrBoT", {}, "search_qa", 0, _args(model, task_files=files))
     assert cfg.dataset == files["dataset"]
     assert cfg.env_config["corpus_path"] == files["corpus"] and cfg.env_config["max_turns"] == 3
+
+
+def _runs(spear: list[float], drbot: list[float]):
+    import pandas as pd
+
+    rows = []
+    for variant, finals in (("SPEAR", spear), ("DrBoT", drbot)):
+        for seed, final in enumerate(finals):
+            for it, success in ((1, 0.0), (2, final)):
+                rows.append(dict(variant=variant, algorithm=variant, env="search_qa", seed=seed, iteration=it,
+                                 success=success, tool_call_rate=0.5))
+    return pd.DataFrame(rows)
+
+
+def test_must_show_checks_are_this_issues():
+    """+5 points of final success (last iteration, mean over seeds) and 2 seeds per method; no
+    check of the learning benchmark's (iterations to reach, 3 seeds) is printed here."""
+    title, checks = rml.real_model_checks(_runs([0.5, 0.3], [0.4, 0.3]), 0.35, 1)
+    assert "0.6x" not in title and "3 seeds" not in title and ">= 2 seeds per method" in title
+    assert checks == ["SPEAR final 0.400 vs Dr.BoT 0.350: +5.0 points (PASS)",
+                      "seeds per method: DrBoT 2, SPEAR 2 (PASS)"]
+    _, checks = rml.real_model_checks(_runs([0.4], [0.4]), 0.4, 1)
+    assert checks == ["SPEAR final 0.400 vs Dr.BoT 0.400: +0.0 points (FAIL)",
+                      "seeds per method: DrBoT 1, SPEAR 1 (FAIL: fewer than 2)"]
