@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 __all__ = ["TensorSpec", "BucketMeta", "Bucket", "iter_buckets", "pack_bucket", "unpack_bucket",
-           "dtype_from_name"]
+           "bucket_meta", "as_bytes", "dtype_from_name"]
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -55,18 +55,33 @@ class BucketMeta:
 
 @dataclass
 class Bucket:
-    """A bucket's metadata and its buffers (one flat uint8 CPU tensor per dtype)."""
+    """A bucket's metadata and its buffers (one flat uint8 CPU tensor per dtype), or, unpacked
+    (``iter_buckets(pack=False)``), no buffers and its ``items`` as they came."""
 
     meta: BucketMeta
     buffers: dict[str, torch.Tensor]
+    items: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+    def tensor_bytes(self) -> list[torch.Tensor]:
+        """Each tensor's bytes, in ``meta.tensors`` order, as flat uint8 CPU tensors: views of
+        the buffers (packed) or of the tensors themselves (unpacked; a copy only for a tensor
+        that is not a contiguous CPU tensor)."""
+        if self.items:
+            return [as_bytes(t) for _, t in self.items]
+        return [self.buffers[s.dtype][s.offset:s.offset + s.nbytes] for s in self.meta.tensors]
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def pack_bucket(index: int, items: list[tuple[str, torch.Tensor]]) -> Bucket:
-    """One contiguous byte buffer per dtype holding ``items``' tensors back to back."""
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes as a flat uint8 CPU tensor (a view when ``t`` is a contiguous CPU tensor)."""
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+def bucket_meta(index: int, items: list[tuple[str, torch.Tensor]]) -> BucketMeta:
+    """The metadata of bucket ``index`` holding ``items``: per dtype, the tensors back to back."""
     meta = BucketMeta(index)
     for name, t in items:
         dt = str(t.dtype).removeprefix("torch.")
@@ -74,11 +89,16 @@ def pack_bucket(index: int, items: list[tuple[str, torch.Tensor]]) -> Bucket:
         n = _nbytes(t)
         meta.tensors.append(TensorSpec(name, tuple(t.shape), dt, off, n))
         meta.buffer_bytes[dt] = off + n
+    return meta
+
+
+def pack_bucket(index: int, items: list[tuple[str, torch.Tensor]]) -> Bucket:
+    """One contiguous byte buffer per dtype holding ``items``' tensors back to back."""
+    meta = bucket_meta(index, items)
     buffers = {dt: torch.empty(n, dtype=torch.uint8) for dt, n in meta.buffer_bytes.items()}
     for (_, t), spec in zip(items, meta.tensors):
         if spec.nbytes:
-            src = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-            buffers[spec.dtype][spec.offset:spec.offset + spec.nbytes].copy_(src)
+            buffers[spec.dtype][spec.offset:spec.offset + spec.nbytes].copy_(as_bytes(t))
     return Bucket(meta, buffers)
 
 
@@ -90,13 +110,19 @@ def unpack_bucket(meta: BucketMeta, buffers: dict[str, torch.Tensor]) -> Iterato
 
 
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor | None]],
-                 bucket_bytes: int) -> Iterator[Bucket]:
-    """Group ``(name, tensor)`` pairs, in order, into packed buckets of at most ``bucket_bytes``
-    (a tensor larger than that is a bucket of its own). Pairs whose tensor is None (ranks that
+                 bucket_bytes: int, pack: bool = True) -> Iterator[Bucket]:
+    """Group ``(name, tensor)`` pairs, in order, into buckets of at most ``bucket_bytes`` (a
+    tensor larger than that is a bucket of its own), packed (``pack``: a collective sends one
+    buffer per dtype) or not (the object store serialises each tensor straight into the store,
+    so packing would be one more copy of every byte). Pairs whose tensor is None (ranks that
     only take part in the gathers, ``models.sharding.iter_full_state(keep=False)``) are consumed
     and yield nothing. Holds at most one bucket of tensors at a time."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+
+    def make(index: int, items: list) -> Bucket:
+        return pack_bucket(index, items) if pack else Bucket(bucket_meta(index, items), {}, items)
+
     pending: list[tuple[str, torch.Tensor]] = []
     size = 0
     index = 0
@@ -105,10 +131,10 @@ def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor | None]],
             continue
         n = _nbytes(t)
         if pending and size + n > bucket_bytes:
-            yield pack_bucket(index, pending)
+            yield make(index, pending)
             index += 1
             pending, size = [], 0
         pending.append((name, t))
         size += n
     if pending:
-        yield pack_bucket(index, pending)
+        yield make(index, pending)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from .buckets import Bucket, BucketMeta, unpack_bucket
+from .buckets import Bucket, BucketMeta, dtype_from_name
 
 __all__ = ["WeightManifest", "put_buckets", "iter_manifest_tensors", "manifest_complete"]
 
@@ -38,9 +38,12 @@ class WeightManifest:
 
 
 def put_buckets(buckets: Iterable[Bucket], version: int, put=None) -> WeightManifest:
-    """``ray.put`` each bucket's buffers (as numpy uint8 arrays: zero-copy reads on the runner's
-    node) as it comes; the caller owns the refs and must keep the manifest until the runners
-    have fetched them. ``put``: ``ray.put`` unless given."""
+    """``ray.put`` each bucket as it comes, as a list of numpy uint8 arrays, one per tensor in
+    ``meta.tensors`` order: serialising them writes each tensor's bytes straight into the store,
+    one copy, so ``iter_buckets(pack=False)`` buckets need no packing first (packed buckets are
+    sent as views of their buffers); the runner reads them zero-copy on its node. The caller owns
+    the refs and must keep the manifest until the runners have fetched them. ``put``: ``ray.put``
+    unless given."""
     if put is None:
         import ray
 
@@ -48,7 +51,7 @@ def put_buckets(buckets: Iterable[Bucket], version: int, put=None) -> WeightMani
     man = WeightManifest(int(version))
     for b in buckets:
         man.buckets.append(b.meta)
-        man.refs.append(put({dt: buf.numpy() for dt, buf in b.buffers.items()}))
+        man.refs.append(put([t.numpy() for t in b.tensor_bytes()]))
         del b
     return man
 
@@ -73,10 +76,12 @@ def iter_manifest_tensors(manifest: WeightManifest, applied: list[int],
         if ref is None:
             continue
         arrays = fetch(ref)
-        buffers = {dt: _as_tensor(a) for dt, a in arrays.items()}
-        yield from unpack_bucket(meta, buffers)
+        if len(arrays) != len(meta.tensors):
+            raise ValueError(f"weight bucket {meta.index}: {len(arrays)} arrays for {len(meta.tensors)} tensors")
+        for spec, arr in zip(meta.tensors, arrays):
+            yield spec.name, _as_tensor(arr).view(dtype_from_name(spec.dtype)).view(spec.shape)
         applied.append(meta.index)
-        del arrays, buffers
+        del arrays
 
 
 def manifest_complete(manifest: WeightManifest, applied: list[int]) -> bool:

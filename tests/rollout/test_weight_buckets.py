@@ -66,11 +66,14 @@ def test_none_tensors_are_consumed_and_bad_bound_raises():
 
 
 def _store():
+    """A stand-in object store: ``put`` keeps a serialised copy (as ray.put does), ``get`` reads it."""
+    import pickle
+
     objects = {}
 
     def put(value):
         key = len(objects)
-        objects[key] = value
+        objects[key] = pickle.loads(pickle.dumps(value, protocol=5))
         return key
 
     return objects, put, objects.__getitem__
@@ -96,6 +99,39 @@ def test_manifest_applies_every_bucket_then_sets_the_version():
     assert apply_manifest(eng, man, fetch=get)
     assert eng.version == 7
     assert all(torch.equal(eng.loaded[n], t) for n, t in named)
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_unpacked_and_packed_buckets_put_the_same_weights(pack):
+    """The object store's sender puts unpacked buckets (no packing copy: each tensor's bytes are
+    views of the tensor itself); what a runner reads back is the same either way, and a snapshot
+    taken at put time."""
+    named = _named([8, 3, 8, 1, 8]) + [("h", torch.randn(4, dtype=torch.float64)),
+                                      ("b", torch.randn(5).to(torch.bfloat16))]
+    buckets = list(iter_buckets(named, 64, pack=pack))
+    if not pack:
+        assert all(not b.buffers for b in buckets)
+        views = [v for b in buckets for v in b.tensor_bytes()]
+        assert [v.data_ptr() for v in views] == [t.data_ptr() for _, t in named]
+    _, put, get = _store()
+    man = put_buckets(iter(buckets), version=2, put=put)
+    snapshot = {n: t.clone() for n, t in named}
+    for _, t in named:
+        t.add_(1)  # the learner's next update: the sync holds the weights as they were
+    eng = _RecordingEngine()
+    assert apply_manifest(eng, man, fetch=get) and eng.version == 2
+    assert list(eng.loaded) == [n for n, _ in named]
+    for n, t in snapshot.items():
+        assert eng.loaded[n].dtype == t.dtype and torch.equal(eng.loaded[n], t), n
+
+
+def test_bucket_with_a_missing_tensor_fails_loudly():
+    named = _named([8, 8])
+    _, put, get = _store()
+    man = put_buckets(iter_buckets(named, 64, pack=False), version=2, put=put)
+    man.buckets[0].tensors.append(man.buckets[0].tensors[0])
+    with pytest.raises(ValueError, match="2 arrays for 3 tensors"):
+        list(iter_manifest_tensors(man, [], fetch=get))
 
 
 def test_dropped_bucket_keeps_the_old_version():

@@ -90,7 +90,8 @@ class LearnerStateMixin:
         objects) until :meth:`release_engine_weights`."""
         from ...weight_streaming import iter_buckets, put_buckets
 
-        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes)
+        # unpacked: ray.put serialises each tensor straight into the store (one copy)
+        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes, pack=False)
         if rank() != 0:
             for _ in buckets:
                 pass
