@@ -86,6 +86,16 @@ class _LogpEntropy(torch.autograd.Function):
     def backward(ctx, g_logp, g_ent):
         logits, targets, lse, ent = ctx.saved_tensors
         T = ctx.temperature
+        if g_logp is not None and not (ctx.want_entropy and g_ent is not None):
+            # log-probs only (the learner's usual case): dL/dz = g * (onehot(target) - p), in
+            # one [*, V] buffer and two passes over it (p = exp(z - lse), then * -g)
+            z = _upcast(logits)
+            buf = (z / T if T != 1.0 else z) - lse.unsqueeze(-1)
+            buf.exp_().mul_(-g_logp.unsqueeze(-1))
+            buf.scatter_add_(-1, targets.unsqueeze(-1), g_logp.unsqueeze(-1))
+            if T != 1.0:
+                buf.div_(T)
+            return buf.to(logits.dtype), None, None, None
         buf = _upcast(logits)
         buf = buf.clone() if buf is logits else buf
         if T != 1.0:
