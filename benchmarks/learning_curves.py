@@ -295,17 +295,28 @@ def _learning_checks(df, target: float, window: int) -> tuple[str, list[str]]:
             "iterations, Dr.BoT >= GRPO; >= 3 seeds):", must_show_checks(df, target, window))
 
 
+def spear_gap_check(search, window: int, points: float = 5.0) -> str:
+    """"SPEAR final x vs Dr.BoT y: +z points (PASS/FAIL)": SPEAR's final success >= Dr.BoT's + ``points``."""
+    sp = final_value(search, "SPEAR", "success", window)[0]
+    db = final_value(search, "DrBoT", "success", window)[0]
+    gap = 100 * (sp - db)
+    return f"SPEAR final {sp:.3f} vs Dr.BoT {db:.3f}: {gap:+.1f} points ({'PASS' if gap >= points else 'FAIL'})"
+
+
+def seeds_check(search, variants: list[str], minimum: int) -> str:
+    """"seeds per method: ... (PASS/FAIL)": every one of ``variants`` present ran >= ``minimum`` seeds."""
+    n = search[search.variant.isin(variants)].groupby("variant").seed.nunique()
+    counts = ", ".join(f"{k} {int(v)}" for k, v in n.items())
+    return f"seeds per method: {counts} ({'PASS' if len(n) and n.min() >= minimum else f'FAIL: fewer than {minimum}'})"
+
+
 def must_show_checks(df, target: float, window: int) -> list[str]:
     """The issue's claims, each with the measured numbers and PASS/FAIL."""
     search = df[df.env == "search_qa"]
     have = set(search.variant)
     out = []
     if {"SPEAR", "DrBoT"} <= have:
-        sp = final_value(search, "SPEAR", "success", window)[0]
-        db = final_value(search, "DrBoT", "success", window)[0]
-        gap = 100 * (sp - db)
-        out.append(f"SPEAR final {sp:.3f} vs Dr.BoT {db:.3f}: {gap:+.1f} points "
-                   f"({'PASS' if gap >= 5 else 'FAIL'})")
+        out.append(spear_gap_check(search, window))
         it_sp, r_sp, n_sp = iterations_to_reach(search, "SPEAR", "success", target)
         it_db, r_db, n_db = iterations_to_reach(search, "DrBoT", "success", target)
         ratio = it_sp / it_db if it_db and not np.isnan(it_db) else float("nan")
@@ -319,9 +330,7 @@ def must_show_checks(df, target: float, window: int) -> list[str]:
         gr = final_value(search, "GRPO", "success", window)[0]
         out.append(f"Dr.BoT final {db:.3f} vs GRPO {gr:.3f} ({'PASS' if db >= gr else 'FAIL'})")
     if out:
-        n = search[search.variant.isin(["SPEAR", "DrBoT", "GRPO"])].groupby("variant").seed.nunique()
-        counts = ", ".join(f"{k} {int(v)}" for k, v in n.items())
-        out.append(f"seeds per method: {counts} ({'PASS' if len(n) and n.min() >= 3 else 'FAIL: fewer than 3'})")
+        out.append(seeds_check(search, ["SPEAR", "DrBoT", "GRPO"], 3))
     return out
 
 

@@ -74,13 +74,7 @@ def real_model_checks(df, target: float, window: int) -> tuple[str, list[str]]:
     search = df[df.env == "search_qa"]
     out = []
     if {"SPEAR", "DrBoT"} <= set(search.variant):
-        sp = lc.final_value(search, "SPEAR", "success", window)[0]
-        db = lc.final_value(search, "DrBoT", "success", window)[0]
-        gap = 100 * (sp - db)
-        out.append(f"SPEAR final {sp:.3f} vs Dr.BoT {db:.3f}: {gap:+.1f} points ({'PASS' if gap >= 5 else 'FAIL'})")
-        n = search.groupby("variant").seed.nunique()
-        counts = ", ".join(f"{k} {int(v)}" for k, v in n.items())
-        out.append(f"seeds per method: {counts} ({'PASS' if n.min() >= 2 else 'FAIL: fewer than 2'})")
+        out = [lc.spear_gap_check(search, window), lc.seeds_check(search, ["SPEAR", "DrBoT"], 2)]
     return "Must-show checks (issue: SPEAR >= Dr.BoT + 5 points; >= 2 seeds per method):", out
 
 

@@ -137,13 +137,18 @@ def _chunk_logp_metric(head, hidden, targets, temperature, metric_rows):
     logits = head(hidden)
     logp, _ = _LogpEntropy.apply(logits, targets, float(temperature), False)
     with torch.no_grad():
-        ent = torch.zeros(logits.shape[0], dtype=_upcast(logits[:0]).dtype, device=logits.device)
-        if bool(metric_rows.any()):
-            z = _upcast(logits.detach()[metric_rows])
-            if temperature != 1.0:
-                z = z / temperature
-            ent[metric_rows] = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
+        vals = _entropy_rows(logits.detach()[metric_rows], temperature)
+        ent = vals.new_zeros(logits.shape[0])
+        ent[metric_rows] = vals
     return logp, ent
+
+
+def _entropy_rows(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """H = logsumexp(z) - sum softmax(z) * z per row, z = logits / T (upcast to float32 at least)."""
+    z = _upcast(logits)
+    if temperature != 1.0:
+        z = z / temperature
+    return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
 
 def _body_and_head(model):
@@ -313,10 +318,7 @@ def _detached_entropy(head, hidden, mask: torch.Tensor, temperature: float, rows
         h = hidden.detach()[:, :-1][sel]
         vals = []
         for s in range(0, h.shape[0], rows_per_chunk):
-            z = _upcast(head(h[s : s + rows_per_chunk]))
-            if temperature != 1.0:
-                z = z / temperature
-            vals.append(torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1))
+            vals.append(_entropy_rows(head(h[s : s + rows_per_chunk]), temperature))
         if vals:
             out = out.to(vals[0].dtype).masked_scatter(sel, torch.cat(vals))
     return torch.cat([out.new_zeros((sel.shape[0], 1)), out], dim=1)
