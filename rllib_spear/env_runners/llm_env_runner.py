@@ -60,6 +60,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         super().__init__(config=config, **kwargs)
         self.worker_index = int(kwargs.get("worker_index", 0))
         self._weights_seq_no = 0
+        self._weight_stream = None  # an object-store sync being applied (receive_weight_bucket)
         self.metrics = MetricsLogger()
         self._rollout: MultiTurnRollout | None = None
         self._build()
@@ -129,6 +130,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                       policy_version: int | None = None) -> dict[str, Any]:
         """Run ``group_size`` episodes for each task; returns trajectories and stats."""
         assert self._rollout is not None
+        self._close_weight_stream()
         # Distinct sampling seeds per call (still reproducible from the run seed).
         base = self._rollout.sampling.seed
         if base is not None:
@@ -154,6 +156,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         seeds from a call counter this does not advance) and the runner metrics stay as they
         were, so a run trains the same with or without evaluations in between. The seed is drawn
         from (run seed, worker index, evaluation call), apart from the training stream."""
+        self._close_weight_stream()
         sampling = {k: v for k, v in (sampling or {}).items() if v is not None}  # None: the training value
         unknown = sorted(set(sampling) - set(EVAL_SAMPLING_KEYS))
         if unknown:
@@ -199,6 +202,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return self._weights_seq_no
 
     def stop(self) -> None:
+        self._close_weight_stream()
         if self._rollout is not None:
             self.engine.shutdown()
 
@@ -213,6 +217,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             state = ray.get(state)
         if COMPONENT_RL_MODULE not in state:
             return
+        self._close_weight_stream()
         seq = int(state.get(WEIGHTS_SEQ_NO, 0))
         # Apply on any version change (a restore may go back to an older version).
         if seq == 0 or seq != self._weights_seq_no:
@@ -221,18 +226,40 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 self.engine.update_weights(sd, version=seq)
         self._weights_seq_no = seq
 
-    def apply_weight_manifest(self, manifest) -> int:
-        """Apply a streamed weight sync (``rllib_spear.weight_streaming.WeightManifest``: bucket
-        metadata and refs), one bucket at a time; returns the weights version, which becomes
-        the manifest's only when every bucket arrived (docs/design.md "Weight streaming"). The
-        same version is skipped, as in ``set_state``."""
-        from ..weight_streaming import apply_manifest
+    def receive_weight_bucket(self, version: int, meta, ref, last: bool) -> int | None:
+        """Transport "object_store": one bucket of a streamed weight sync (its
+        ``weight_streaming.BucketMeta`` and object ref), forwarded by the driver as soon as the
+        learner put it (docs/design.md "Weight streaming"). The first bucket of a new version
+        starts a ``BucketStream``, which applies the buckets in a thread while the learner puts
+        the next ones; the call returns at once. The ``last`` one waits for the stream and
+        returns the weights version, the new one only when every bucket was applied in order;
+        the other calls return None. The version already held is skipped, as in ``set_state``;
+        a stream of another version still open is abandoned first."""
+        from ..weight_streaming import BucketStream
 
-        seq = int(manifest.version)
-        if seq == 0 or seq != self._weights_seq_no:
-            if apply_manifest(self.engine, manifest):
-                self._weights_seq_no = seq
+        seq = int(version)
+        stream = self._weight_stream
+        if stream is not None and stream.version != seq:
+            self._close_weight_stream()
+            stream = None
+        if stream is None and seq != 0 and seq == self._weights_seq_no:
+            return self._weights_seq_no if last else None
+        if stream is None:
+            stream = self._weight_stream = BucketStream(self.engine, seq)
+        stream.add(meta, ref)
+        if not last:
+            return None
+        self._weight_stream = None
+        if stream.finish(meta.index + 1):
+            self._weights_seq_no = seq
         return self._weights_seq_no
+
+    def _close_weight_stream(self) -> None:
+        """Abandon an unfinished streamed sync (its driver stopped sending) before the engine is
+        used again; the runner keeps reporting its old version."""
+        if self._weight_stream is not None:
+            stream, self._weight_stream = self._weight_stream, None
+            stream.abort()
 
     def join_weight_group(self, group_id: str, host: str, port: int, world_size: int) -> int:
         """Join the learner's weight-sync group (transport "collective"; blocks until every
@@ -253,6 +280,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         "collective"); returns the weights version, the new one only if every bucket came."""
         from ..weight_streaming.receiver import receive_broadcast
 
+        self._close_weight_stream()
         try:
             complete, version = receive_broadcast(self.engine, self._weight_group)
         except Exception:

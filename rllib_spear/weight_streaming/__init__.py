@@ -1,13 +1,13 @@
 """Streaming weight sync from the learner to the engines, in buckets of bounded size
-(docs/design.md "Weight streaming"): ``buckets`` packs them, ``object_store`` ships them as one
-Ray object per bucket, ``collective`` broadcasts them over a gloo group of the sender and the
-runners, ``receiver`` applies them on a runner's engine."""
+(docs/design.md "Weight streaming"): ``buckets`` groups (and, for a collective, packs) them,
+``object_store`` ships them as one Ray object per bucket, ``collective`` broadcasts them over a
+gloo group of the sender and the runners, ``receiver`` applies them on a runner's engine."""
 from .buckets import Bucket, BucketMeta, TensorSpec, iter_buckets, pack_bucket, unpack_bucket
-from .object_store import WeightManifest, iter_manifest_tensors, manifest_complete, put_buckets
-from .receiver import apply_manifest
+from .object_store import WeightManifest, iter_bucket_tensors, put_bucket
+from .receiver import BucketStream
 
 __all__ = ["Bucket", "BucketMeta", "TensorSpec", "iter_buckets", "pack_bucket", "unpack_bucket",
-           "WeightManifest", "put_buckets", "iter_manifest_tensors", "manifest_complete", "apply_manifest",
+           "WeightManifest", "put_bucket", "iter_bucket_tensors", "BucketStream",
            "TRANSPORTS"]
 
 #: Values of ``learners(weight_sync_transport=...)``.

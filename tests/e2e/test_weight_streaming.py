@@ -89,21 +89,62 @@ def test_every_transport_gives_the_engines_the_learner_weights(ray_session, tiny
 
 
 def test_dropped_bucket_fails_the_version_check(ray_session, tiny_model):
-    from rllib_spear.algorithms.grpo.weight_sync import apply_on_runners, check_versions, learner_manifest
+    from rllib_spear.algorithms.grpo.weight_sync import (check_versions, release_learner_buckets, send_bucket,
+                                                         stream_learner_buckets)
 
     algo = _build(tiny_model, "object_store", runners=1)
     try:
         v = algo.learner_group.foreach_learner(_perturb).result_or_errors[0].get()
-        man = learner_manifest(algo.learner_group, int(BUCKET_MB * 2**20))
-        assert man.num_buckets > 2 and man.version == v
-        man.refs[man.num_buckets // 2] = None  # one bucket never reaches the runner
-        versions = apply_on_runners(algo.env_runner_group, man)
+        sent = []
+        for version, meta, ref, last in stream_learner_buckets(algo.learner_group, int(BUCKET_MB * 2**20)):
+            assert version == v
+            if meta.index != 2:  # bucket 2 never reaches the runner
+                versions = send_bucket(algo.env_runner_group, version, meta, ref, last)
+            sent.append(meta.index)
+        release_learner_buckets(algo.learner_group)
+        assert len(sent) > 3 and sent == list(range(len(sent)))
         assert versions == [0]  # applied N-1 buckets: the old version
         with pytest.raises(RuntimeError, match="expected"):
-            check_versions(versions, man.version)
-        algo.learner_group.foreach_learner(lambda l: l.release_engine_weights())
+            check_versions(versions, v)
         assert _sync(algo, "object_store") == v  # a complete sync repairs it
         _assert_runners_match(algo, v)
+        # an abandoned stream (the driver stopped after bucket 0) leaves the runner usable: the
+        # next sample closes it, the version stays, and the next complete sync applies
+        v2 = algo.learner_group.foreach_learner(lambda l: _perturb(l, 1)).result_or_errors[0].get()
+        version, meta, ref, last = next(stream_learner_buckets(algo.learner_group, int(BUCKET_MB * 2**20)))
+        assert send_bucket(algo.env_runner_group, version, meta, ref, last) == [None]
+        release_learner_buckets(algo.learner_group)
+        trajs, _ = algo.sample(algo.task_sampler.next(1))
+        assert trajs and {t.policy_version for t in trajs} == {v}
+        assert _sync(algo, "object_store") == v2
+        _assert_runners_match(algo, v2)
+    finally:
+        algo.stop()
+
+
+def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model):
+    """Two FSDP learners: every rank gathers one bucket per call (rank 1 cuts the buckets from
+    placeholders), rank 0 puts them; the runners get exactly the gathered weights."""
+    from rllib_spear import GRPOConfig
+
+    cfg = (small_config(GRPOConfig, tiny_model)
+           .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.25)
+           .learners(num_learners=2, num_cpus_per_learner=0.5, sharding="fsdp", weight_sync_transport="object_store",
+                     weight_sync_bucket_mb=BUCKET_MB)
+           .resources(num_cpus_for_main_process=0.25))
+    algo = cfg.build_algo()
+    try:
+        algo.train()  # an update, then the streamed sync (the version check passes)
+        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+        want = next(s for s in (r.get() for r in algo.learner_group.foreach_learner(
+            lambda l: l.engine_state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
+        (got,) = algo.env_runner_group.foreach_env_runner(_engine_weights, local_env_runner=False)
+        sd, eng_version, runner_version = got
+        assert v >= 1 and eng_version == runner_version == v
+        assert set(sd) == set(want)
+        import torch
+
+        assert all(torch.equal(sd[k], want[k].to(sd[k].dtype)) for k in want)
     finally:
         algo.stop()
 

@@ -1,13 +1,11 @@
-"""Unit tests of the weight-stream buckets, the manifest receiver and the engines' streamed
+"""Unit tests of the weight-stream buckets, the runner's bucket stream and the engines' streamed
 loads (no Ray: the object store is replaced by a dict; docs/design.md "Weight streaming")."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rllib_spear.weight_streaming import (
-    apply_manifest, iter_buckets, iter_manifest_tensors, manifest_complete, put_buckets, unpack_bucket,
-)
+from rllib_spear.weight_streaming import BucketStream, iter_bucket_tensors, iter_buckets, put_bucket, unpack_bucket
 
 
 def _named(sizes, dtypes=None):
@@ -90,15 +88,50 @@ class _RecordingEngine:
             self.loaded[k] = v.clone()
 
 
-def test_manifest_applies_every_bucket_then_sets_the_version():
+def _stream(engine, buckets, version, put, get, skip=()):
+    """Put each bucket and add it to a BucketStream (except the indices in ``skip``); returns
+    the stream (not finished) and the number of buckets."""
+    stream = BucketStream(engine, version, fetch=get)
+    n = 0
+    for b in buckets:
+        ref = put_bucket(b, put=put)
+        if b.meta.index not in skip:
+            stream.add(b.meta, ref)
+        n += 1
+    return stream, n
+
+
+def test_stream_applies_every_bucket_then_sets_the_version():
     named = _named([8, 8, 8, 8])
     objects, put, get = _store()
-    man = put_buckets(iter_buckets(named, 64), version=7, put=put)
-    assert man.num_buckets == 2 and len(objects) == 2 and man.version == 7
     eng = _RecordingEngine()
-    assert apply_manifest(eng, man, fetch=get)
-    assert eng.version == 7
+    stream, n = _stream(eng, iter_buckets(named, 64), 7, put, get)
+    assert n == 2 and len(objects) == 2
+    assert stream.finish(n)
+    assert eng.version == 7 and stream.applied == [0, 1]
     assert all(torch.equal(eng.loaded[n], t) for n, t in named)
+    with pytest.raises(RuntimeError, match="already finished"):
+        stream.add(None, None)
+
+
+def test_stream_applies_a_bucket_before_the_next_is_sent():
+    """The runner's copy of bucket k overlaps the sender's put of bucket k+1: a bucket is
+    applied in the background as soon as it is added, before finish() and before the next."""
+    import time
+
+    named = _named([8, 8, 8])
+    _, put, get = _store()
+    eng = _RecordingEngine()
+    stream = BucketStream(eng, 4, fetch=get)
+    buckets = list(iter_buckets(named, 32, pack=False))
+    for k, b in enumerate(buckets):
+        stream.add(b.meta, put_bucket(b, put=put))
+        deadline = time.monotonic() + 30
+        while stream.applied != list(range(k + 1)) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert stream.applied == list(range(k + 1)), "bucket not applied before the next was sent"
+        assert eng.version == 3  # the version moves only once all arrived
+    assert stream.finish(len(buckets)) and eng.version == 4
 
 
 @pytest.mark.parametrize("pack", [True, False])
@@ -114,12 +147,15 @@ def test_unpacked_and_packed_buckets_put_the_same_weights(pack):
         views = [v for b in buckets for v in b.tensor_bytes()]
         assert [v.data_ptr() for v in views] == [t.data_ptr() for _, t in named]
     _, put, get = _store()
-    man = put_buckets(iter(buckets), version=2, put=put)
+    refs = [(b.meta, put_bucket(b, put=put)) for b in buckets]
     snapshot = {n: t.clone() for n, t in named}
     for _, t in named:
         t.add_(1)  # the learner's next update: the sync holds the weights as they were
     eng = _RecordingEngine()
-    assert apply_manifest(eng, man, fetch=get) and eng.version == 2
+    stream = BucketStream(eng, 2, fetch=get)
+    for meta, ref in refs:
+        stream.add(meta, ref)
+    assert stream.finish(len(refs)) and eng.version == 2
     assert list(eng.loaded) == [n for n, _ in named]
     for n, t in snapshot.items():
         assert eng.loaded[n].dtype == t.dtype and torch.equal(eng.loaded[n], t), n
@@ -128,23 +164,59 @@ def test_unpacked_and_packed_buckets_put_the_same_weights(pack):
 def test_bucket_with_a_missing_tensor_fails_loudly():
     named = _named([8, 8])
     _, put, get = _store()
-    man = put_buckets(iter_buckets(named, 64, pack=False), version=2, put=put)
-    man.buckets[0].tensors.append(man.buckets[0].tensors[0])
+    (b,) = iter_buckets(named, 64, pack=False)
+    ref = put_bucket(b, put=put)
+    b.meta.tensors.append(b.meta.tensors[0])
     with pytest.raises(ValueError, match="2 arrays for 3 tensors"):
-        list(iter_manifest_tensors(man, [], fetch=get))
+        list(iter_bucket_tensors([(b.meta, ref)], [], fetch=get))
+    eng = _RecordingEngine()
+    stream = BucketStream(eng, 5, fetch=get)
+    stream.add(b.meta, ref)
+    with pytest.raises(ValueError, match="2 arrays for 3 tensors"):  # the thread's error, on finish
+        stream.finish(1)
+    assert eng.version == 3
 
 
-def test_dropped_bucket_keeps_the_old_version():
+@pytest.mark.parametrize("skip", [{1}, {0}, {3}])
+def test_dropped_bucket_keeps_the_old_version(skip):
+    named = _named([8, 8, 8, 8, 8, 8, 8, 8])
+    _, put, get = _store()
+    eng = _RecordingEngine()
+    stream, n = _stream(eng, iter_buckets(named, 64), 7, put, get, skip=skip)
+    assert n == 4
+    assert not stream.finish(n)
+    assert eng.version == 3
+    assert stream.applied == [i for i in range(n) if i not in skip]
+
+
+def test_out_of_order_buckets_and_an_abandoned_stream_keep_the_old_version():
     named = _named([8, 8, 8, 8])
     _, put, get = _store()
-    man = put_buckets(iter_buckets(named, 64), version=7, put=put)
-    man.refs[1] = None
+    buckets = [(b.meta, put_bucket(b, put=put)) for b in iter_buckets(named, 64)]
     eng = _RecordingEngine()
-    assert not apply_manifest(eng, man, fetch=get)
+    stream = BucketStream(eng, 7, fetch=get)
+    for meta, ref in reversed(buckets):
+        stream.add(meta, ref)
+    assert not stream.finish(2) and eng.version == 3
+    stream = BucketStream(eng, 8, fetch=get)
+    stream.add(*buckets[0])
+    stream.abort()
+    assert eng.version == 3 and stream.applied == [0]
+
+
+def test_loader_error_reaches_finish():
+    class Failing(_RecordingEngine):
+        def load_weights_stream(self, pairs):
+            for k, v in pairs:
+                raise RuntimeError("loader failed")
+
+    named = _named([8, 8, 8])
+    _, put, get = _store()
+    eng = Failing()
+    stream, n = _stream(eng, iter_buckets(named, 32), 9, put, get)
+    with pytest.raises(RuntimeError, match="loader failed"):
+        stream.finish(n)
     assert eng.version == 3
-    applied = []
-    list(iter_manifest_tensors(man, applied, fetch=get))
-    assert applied == [0] and not manifest_complete(man, applied)
 
 
 def test_hf_engine_streamed_load_matches_a_full_update(tmp_path):
@@ -156,9 +228,10 @@ def test_hf_engine_streamed_load_matches_a_full_update(tmp_path):
     new = {k: torch.randn_like(v) for k, v in eng.model.state_dict().items() if k != "lm_head.weight"}
     _, put, get = _store()
     biggest = max(v.numel() * v.element_size() for v in new.values())
-    man = put_buckets(iter_buckets(new.items(), biggest // 3), version=5, put=put)  # some tensors alone
-    assert man.num_buckets > 1
-    assert apply_manifest(eng, man, fetch=get) and eng.version == 5
+    # some tensors alone; applied on the stream's thread, as on a runner
+    stream, n = _stream(eng, iter_buckets(new.items(), biggest // 3, pack=False), 5, put, get)
+    assert n > 1
+    assert stream.finish(n) and eng.version == 5
     sd = eng.model.state_dict()
     assert all(torch.equal(sd[k], v) for k, v in new.items())
     if eng.model.config.tie_word_embeddings:

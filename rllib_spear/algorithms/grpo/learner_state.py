@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
@@ -50,13 +51,15 @@ class LearnerStateMixin:
             return None
         return {COMPONENT_RL_MODULE: out, WEIGHTS_SEQ_NO: self.get_state(components=[])[WEIGHTS_SEQ_NO]}
 
-    def iter_engine_weights(self):
+    def iter_engine_weights(self, placeholders: bool = False):
         """(HF name, whole tensor) of the default module's inference weights, one tensor at a
         time, for the weight stream (docs/design.md "Weight streaming"). Under FSDP every rank
         must drain it (each tensor is all-gathered, ``models.sharding.iter_full_state``) and only
-        rank 0 gets tensors (the others get None); unsharded, rank 0 yields the tensors as they
-        are (no copy) and the other ranks nothing. The tied ``lm_head.weight`` is left out. A
-        LoRA module yields its merged weights (computed whole first: the merge needs them)."""
+        rank 0 gets tensors (the others get None, or with ``placeholders`` an empty "meta"
+        tensor of the same shape and dtype, so that they can cut the same buckets); unsharded,
+        rank 0 yields the tensors as they are (no copy) and the other ranks nothing. The tied
+        ``lm_head.weight`` is left out. A LoRA module yields its merged weights (computed whole
+        first: the merge needs them)."""
         from ray.rllib.core import DEFAULT_MODULE_ID
 
         from ...models.sharding import iter_full_state
@@ -67,7 +70,7 @@ class LearnerStateMixin:
         model = rlm.hf_model()
         if model is not rlm.model:  # LoRA: the merged state (a collective under FSDP)
             merged = rlm.get_state(inference_only=True)
-            yield from ((k, v if keep else None) for k, v in merged.items())
+            yield from ((k, v if keep or placeholders else None) for k, v in merged.items())
             return
         tied = bool(getattr(model.config, "tie_word_embeddings", False))
         sd = {k: v for k, v in model.state_dict().items() if not (tied and k.endswith("lm_head.weight"))}
@@ -75,7 +78,8 @@ class LearnerStateMixin:
             if keep:
                 yield from ((k, v.detach()) for k, v in sd.items())
             return
-        yield from iter_full_state(sd, keep=keep)
+        for (k, t), v in zip(iter_full_state(sd, keep=keep), sd.values()):
+            yield k, (torch.empty(v.shape, dtype=v.dtype, device="meta") if t is None and placeholders else t)
 
     def weights_version(self) -> int:
         """The learner's weights version (WEIGHTS_SEQ_NO)."""
@@ -83,26 +87,56 @@ class LearnerStateMixin:
 
         return int(self.get_state(components=[])[WEIGHTS_SEQ_NO])
 
-    def put_engine_weights(self, bucket_bytes: int):
-        """Transport "object_store": rank 0 ``ray.put``s the weights bucket by bucket and returns
-        the :class:`~rllib_spear.weight_streaming.WeightManifest` (refs and metadata); the other
-        ranks take part in the gathers and return None. This learner keeps the refs (it owns the
-        objects) until :meth:`release_engine_weights`."""
-        from ...weight_streaming import iter_buckets, put_buckets
+    def put_next_engine_bucket(self, bucket_bytes: int, start: bool = False):
+        """Transport "object_store", one bucket per call, so that the driver can forward each
+        bucket to the runners while this learner puts the next (docs/design.md "Weight
+        streaming"). ``start``: begin a new stream of the current weights (older unreleased refs
+        are dropped). Every rank advances the stream by one bucket (under FSDP it gathers that
+        bucket's tensors); rank 0 ``ray.put``s it and returns ``(version, meta, ref, last)``, the
+        other ranks return None. ``last`` is True for the final bucket. Rank 0 keeps the refs
+        (it owns the objects) until :meth:`release_engine_weights`."""
+        from ...weight_streaming import WeightManifest, iter_buckets, put_bucket
 
-        # unpacked: ray.put serialises each tensor straight into the store (one copy)
-        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes, pack=False)
-        if rank() != 0:
-            for _ in buckets:
-                pass
+        sender = rank() == 0
+        if not sender and not self.is_sharded:
+            return None  # nothing to gather: rank 0 alone walks its weights
+        if start:
+            # unpacked: ray.put serialises each tensor straight into the store (one copy); the
+            # other ranks cut the same buckets from placeholders, one gathered bucket per call
+            self._engine_bucket_stream = iter_buckets(self.iter_engine_weights(placeholders=True), bucket_bytes,
+                                                      pack=False)
+            self._engine_weights_manifest = WeightManifest(self.weights_version()) if sender else None
+            self._engine_next_bucket = next(self._engine_bucket_stream, None)
+            if self._engine_next_bucket is None:
+                self._engine_bucket_stream = None
+                if sender:
+                    raise RuntimeError("weight sync: the module has no inference weights to send")
+        stream = getattr(self, "_engine_bucket_stream", None)
+        if stream is None:
+            if sender:
+                raise RuntimeError("put_next_engine_bucket: no weight stream in progress; call it with start=True")
+            return None  # e.g. LoRA: the merge gathered everything at the start; rank 0 holds it
+        bucket, self._engine_next_bucket = self._engine_next_bucket, None
+        ref = put_bucket(bucket) if sender else None
+        meta = bucket.meta
+        del bucket  # its tensors (gathered ones under FSDP) go before the next bucket's come
+        self._engine_next_bucket = next(stream, None)  # look ahead one bucket to know the last
+        last = self._engine_next_bucket is None
+        if last:
+            self._engine_bucket_stream = None
+        if not sender:
             return None
-        self._engine_weights_manifest = put_buckets(buckets, self.weights_version())
-        return self._engine_weights_manifest
+        man = self._engine_weights_manifest
+        man.buckets.append(meta)
+        man.refs.append(ref)
+        return man.version, meta, ref, last
 
     def release_engine_weights(self) -> None:
-        """Drop the refs of the last ``put_engine_weights`` (the objects are freed once no
-        runner or driver holds them either)."""
+        """Drop the refs of the last stream of ``put_next_engine_bucket`` (the objects are freed
+        once no runner or driver holds them either), and the stream if it was left unfinished."""
         self._engine_weights_manifest = None
+        self._engine_bucket_stream = None
+        self._engine_next_bucket = None
 
     def open_weight_group(self, group_id: str, world_size: int):
         """Transport "collective", step 1: rank 0 opens a TCP store on its node for a new

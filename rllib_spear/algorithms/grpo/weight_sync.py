@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import uuid
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["sync_weights", "learner_manifest", "apply_on_runners", "check_versions", "collective_sync"]
+__all__ = ["sync_weights", "object_store_sync", "stream_learner_buckets", "send_bucket", "release_learner_buckets",
+           "check_versions", "collective_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,17 +50,44 @@ def _foreach_runner(env_runner_group: Any, fn) -> list:
     return env_runner_group.foreach_env_runner(fn, local_env_runner=False)
 
 
-def learner_manifest(learner_group: Any, bucket_bytes: int) -> Any:
-    """Learner rank 0 puts the weights into the object store bucket by bucket (every rank takes
-    part under FSDP); returns its WeightManifest (refs and metadata: the driver never holds the
-    tensors). The learner keeps the refs until ``learner_group.foreach_learner(lambda l:
-    l.release_engine_weights())``."""
-    return _rank0_result(learner_group.foreach_learner(lambda learner: learner.put_engine_weights(bucket_bytes)))
+def stream_learner_buckets(learner_group: Any, bucket_bytes: int) -> Iterator[tuple[int, Any, Any, bool]]:
+    """Learner rank 0 puts the weights into the object store one bucket per call (every rank
+    takes part under FSDP); yields ``(version, meta, ref, last)`` for each bucket as soon as it
+    is in the store (refs and metadata: the driver never holds a tensor). The learner keeps the
+    refs until ``release_learner_buckets``."""
+    start = True
+    while True:
+        version, meta, ref, last = _rank0_result(learner_group.foreach_learner(
+            lambda learner, s=start: learner.put_next_engine_bucket(bucket_bytes, start=s)))
+        start = False
+        yield version, meta, ref, last
+        if last:
+            return
 
 
-def apply_on_runners(env_runner_group: Any, manifest: Any) -> list[int]:
-    """Every runner streams the manifest's buckets into its engine; returns their versions."""
-    return _foreach_runner(env_runner_group, lambda runner, m=manifest: runner.apply_weight_manifest(m))
+def release_learner_buckets(learner_group: Any) -> None:
+    """The learner drops the refs of its last stream (the objects go once the runners are done)."""
+    learner_group.foreach_learner(lambda learner: learner.release_engine_weights())
+
+
+def send_bucket(env_runner_group: Any, version: int, meta: Any, ref: Any, last: bool) -> list:
+    """Hand one bucket's (metadata, ref) to every runner. A runner applies it in the background
+    while the learner puts the next one; the call with ``last`` waits until the runner applied
+    them all and returns its versions (the new one only if every bucket arrived)."""
+    return _foreach_runner(env_runner_group, lambda runner, v=version, m=meta, r=ref, e=last:
+                           runner.receive_weight_bucket(v, m, r, e))
+
+
+def object_store_sync(learner_group: Any, env_runner_group: Any, bucket_bytes: int) -> tuple[list[int], int]:
+    """Transport "object_store", pipelined: the learner puts bucket k+1 while every runner
+    applies bucket k; returns (the runners' versions, the sent version)."""
+    versions, version = [], None
+    try:
+        for version, meta, ref, last in stream_learner_buckets(learner_group, bucket_bytes):
+            versions = send_bucket(env_runner_group, version, meta, ref, last)
+    finally:
+        release_learner_buckets(learner_group)
+    return versions, version
 
 
 def _sync_via_driver(learner_group: Any, env_runner_group: Any, sharding: str) -> int:
@@ -161,7 +189,7 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
 
     ``transport`` (docs/design.md "Weight streaming"): "object_store" (learner rank 0 puts one
     Ray object per bucket of at most ``bucket_mb`` MB; runners fetch and apply them one at a
-    time), "collective" (learner rank 0 broadcasts the buckets over a gloo group of itself and
+    time, bucket k while the learner puts bucket k+1), "collective" (learner rank 0 broadcasts the buckets over a gloo group of itself and
     the runners), "auto" (collective when the group can be formed, else the object store) or
     "driver" (the whole state through the driver, one object for all runners: the old path).
     """
@@ -192,9 +220,5 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
                                    "object store", type(e).__name__, e)
             else:
                 return check_versions(versions, expected)
-    manifest = learner_manifest(learner_group, bucket_bytes)
-    try:
-        versions = apply_on_runners(env_runner_group, manifest)
-    finally:
-        learner_group.foreach_learner(lambda learner: learner.release_engine_weights())
-    return check_versions(versions, manifest.version)
+    versions, expected = object_store_sync(learner_group, env_runner_group, bucket_bytes)
+    return check_versions(versions, expected)
