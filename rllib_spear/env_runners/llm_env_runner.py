@@ -61,6 +61,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.worker_index = int(kwargs.get("worker_index", 0))
         self._weights_seq_no = 0
         self._weight_stream = None  # an object-store sync being applied (receive_weight_bucket)
+        self._shared_weights_reader = None  # the learner's mapped blocks (read_shared_weights)
         self.metrics = MetricsLogger()
         self._rollout: MultiTurnRollout | None = None
         self._build()
@@ -203,6 +204,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def stop(self) -> None:
         self._close_weight_stream()
+        if self._shared_weights_reader is not None:
+            self._shared_weights_reader.close()
         if self._rollout is not None:
             self.engine.shutdown()
 
@@ -253,6 +256,36 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if stream.finish(meta.index + 1):
             self._weights_seq_no = seq
         return self._weights_seq_no
+
+    def read_shared_weights(self, handle) -> int | None:
+        """Transport "shared_memory": load the learner's weights straight from its shared
+        memory (``weight_streaming.SharedWeightsHandle``; this runner must be on the learner's
+        node) through the engine's streamed load; returns the weights version, or None when
+        the blocks lost their names before this runner mapped them (a runner that restarted
+        since): the driver then has the learner share new blocks. A version already held is
+        skipped, as in ``set_state``, unless the blocks are new here."""
+        from ..weight_streaming.shared_memory import SharedWeightsReader
+
+        node = ray.get_runtime_context().get_node_id()
+        if handle.node_id != node:
+            raise RuntimeError(f"weight_sync_transport='shared_memory': this runner is on node {node}, the "
+                               f"learner's weights on {handle.node_id}; use 'auto' or 'object_store' across nodes")
+        self._close_weight_stream()
+        if self._shared_weights_reader is None:
+            self._shared_weights_reader = SharedWeightsReader()
+        reader = self._shared_weights_reader
+        if not reader.can_read(handle):
+            return None
+        seq = int(handle.version)
+        if seq == 0 or seq != self._weights_seq_no or not reader.has_mapped(handle):
+            self.engine.load_weights_stream(reader.tensors(handle))
+            self.engine.version = seq
+            self._weights_seq_no = seq
+        return self._weights_seq_no
+
+    def node_id(self) -> str:
+        """The Ray node this runner is on."""
+        return ray.get_runtime_context().get_node_id()
 
     def _close_weight_stream(self) -> None:
         """Abandon an unfinished streamed sync (its driver stopped sending) before the engine is

@@ -1,7 +1,8 @@
 """Streaming weight sync from the learner to the engines, in buckets of bounded size
 (docs/design.md "Weight streaming"): ``buckets`` groups (and, for a collective, packs) them,
 ``object_store`` ships them as one Ray object per bucket, ``collective`` broadcasts them over a
-gloo group of the sender and the runners, ``receiver`` applies them on a runner's engine."""
+gloo group of the sender and the runners, ``shared_memory`` lets runners on the sender's node
+read its weights in place, ``receiver`` applies them on a runner's engine."""
 from .buckets import Bucket, BucketMeta, TensorSpec, iter_buckets, pack_bucket, unpack_bucket
 from .object_store import WeightManifest, iter_bucket_tensors, put_bucket
 from .receiver import BucketStream
@@ -11,4 +12,4 @@ __all__ = ["Bucket", "BucketMeta", "TensorSpec", "iter_buckets", "pack_bucket", 
            "TRANSPORTS"]
 
 #: Values of ``learners(weight_sync_transport=...)``.
-TRANSPORTS = ("object_store", "collective", "auto", "driver")
+TRANSPORTS = ("object_store", "shared_memory", "collective", "auto", "driver")

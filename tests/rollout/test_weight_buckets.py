@@ -317,6 +317,8 @@ def test_collective_receiver_whose_loader_stops_early_stays_in_step_and_keeps_it
     ({}, True),
     ({"weight_sync_transport": "collective", "weight_sync_bucket_mb": 0.5}, True),
     ({"weight_sync_transport": "driver"}, True),
+    ({"weight_sync_transport": "shared_memory"}, True),
+    ({"weight_sync_transport": "shared_memory", "sharding": "fsdp", "num_learners": 2}, False),
     ({"weight_sync_transport": "nccl"}, False),
     ({"weight_sync_bucket_mb": 0}, False),
     ({"weight_sync_bucket_mb": -3}, False),
@@ -361,3 +363,16 @@ def test_learner_stream_equals_its_inference_state(lora):
     assert learner.weights_version() == 0
     packed = dict(kv for b in iter_buckets(iter(got), 2**16) for kv in unpack_bucket(b.meta, b.buffers))
     assert all(torch.equal(packed[k], want[k]) for k in want)
+
+
+def test_shared_memory_transport_refuses_lora_and_gpu_learners():
+    from rllib_spear.algorithms.grpo.config import GRPOConfig
+
+    lora = {"model_path": "embedded", "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}}
+    cfg = GRPOConfig().learners(weight_sync_transport="shared_memory").rl_module(model_config=lora)
+    with pytest.raises(ValueError, match="cannot share LoRA weights.*'object_store'"):
+        cfg.validate()
+    cfg = (GRPOConfig().learners(weight_sync_transport="shared_memory", num_gpus_per_learner=1)
+           .rl_module(model_config={"model_path": "embedded"}))
+    with pytest.raises(ValueError, match="GPUs"):
+        cfg.validate()

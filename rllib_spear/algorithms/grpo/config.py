@@ -125,7 +125,8 @@ class GRPOConfig(AlgorithmConfig):
         * ``gpu_memory_gb``: memory of one learner GPU; when set, ``validate()`` refuses a config
           whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change;
         * ``weight_sync_transport``: how the weights reach the engines (docs/design.md "Weight
-          streaming"): "object_store" (default), "collective", "auto" or "driver" (the old path);
+          streaming"): "object_store" (default), "shared_memory" (runners on the learner's node
+          read its CPU weights in place), "collective", "auto" or "driver" (the old path);
         * ``weight_sync_bucket_mb``: the size bound of a weight bucket (> 0; default 256).
         """
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in LEARNER_DEFAULTS}
@@ -350,6 +351,17 @@ class GRPOConfig(AlgorithmConfig):
 
         if self.weight_sync_transport not in TRANSPORTS:
             err(f"`weight_sync_transport` (learners()) must be one of {TRANSPORTS}, got {self.weight_sync_transport!r}")
+        if self.weight_sync_transport == "shared_memory":
+            fix = "; use weight_sync_transport='object_store' (or 'auto', which picks what can run)"
+            if self.sharding == "fsdp":
+                err("`weight_sync_transport='shared_memory'` (learners()) needs whole weights on learner rank 0, "
+                    "not sharding='fsdp'" + fix)
+            if (self.model_config or {}).get("lora"):
+                err("`weight_sync_transport='shared_memory'` (learners()) cannot share LoRA weights (the engines "
+                    "get merged weights, computed per sync)" + fix)
+            if (self.num_gpus_per_learner or 0) > 0:
+                err("`weight_sync_transport='shared_memory'` (learners()) shares CPU weights; the learners are on "
+                    "GPUs (num_gpus_per_learner > 0)" + fix)
         mb = self.weight_sync_bucket_mb
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
             err(f"`weight_sync_bucket_mb` (learners()) must be a number > 0, got {mb!r}")

@@ -30,6 +30,13 @@ def _as_list(x) -> list:
     return [x] if isinstance(x, str) else list(x)
 
 
+def _engine_state_dict(model, keep_vars: bool = False) -> dict:
+    """The HF model's state dict as the engines load it: a tied ``lm_head.weight`` left out."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return {k: v for k, v in model.state_dict(keep_vars=keep_vars).items()
+            if not (tied and k.endswith("lm_head.weight"))}
+
+
 class LearnerStateMixin:
     """get_state / set_state / restore_from_path of a TorchLearner with ``is_sharded`` and the
     generators ``_cov_generator`` and ``_entropy_generator`` (mixed in before TorchLearner)."""
@@ -60,26 +67,71 @@ class LearnerStateMixin:
         rank 0 yields the tensors as they are (no copy) and the other ranks nothing. The tied
         ``lm_head.weight`` is left out. A LoRA module yields its merged weights (computed whole
         first: the merge needs them)."""
-        from ray.rllib.core import DEFAULT_MODULE_ID
-
         from ...models.sharding import iter_full_state
 
         keep = rank() == 0
-        mids = list(self.module.keys())
-        rlm = self.module[DEFAULT_MODULE_ID if DEFAULT_MODULE_ID in mids else mids[0]].unwrapped()
-        model = rlm.hf_model()
+        rlm, model = self._engine_model()
         if model is not rlm.model:  # LoRA: the merged state (a collective under FSDP)
             merged = rlm.get_state(inference_only=True)
             yield from ((k, v if keep or placeholders else None) for k, v in merged.items())
             return
-        tied = bool(getattr(model.config, "tie_word_embeddings", False))
-        sd = {k: v for k, v in model.state_dict().items() if not (tied and k.endswith("lm_head.weight"))}
+        sd = _engine_state_dict(model)
         if not self.is_sharded:
             if keep:
                 yield from ((k, v.detach()) for k, v in sd.items())
             return
         for (k, t), v in zip(iter_full_state(sd, keep=keep), sd.values()):
             yield k, (torch.empty(v.shape, dtype=v.dtype, device="meta") if t is None and placeholders else t)
+
+    def _engine_model(self):
+        """(the default module's RLModule, its HF model): what ``iter_engine_weights`` walks."""
+        from ray.rllib.core import DEFAULT_MODULE_ID
+
+        mids = list(self.module.keys())
+        rlm = self.module[DEFAULT_MODULE_ID if DEFAULT_MODULE_ID in mids else mids[0]].unwrapped()
+        return rlm, rlm.hf_model()
+
+    def shared_weights_unsupported(self) -> str:
+        """Why this learner cannot keep its inference weights in shared memory (transport
+        "shared_memory"), or "" when it can: they must be whole CPU tensors, used as they are."""
+        rlm, model = self._engine_model()
+        if self.is_sharded:
+            return "the learner is sharded (sharding='fsdp'): its weights are gathered per sync"
+        if model is not rlm.model:
+            return "the module has LoRA adapters: the engines get merged weights, computed per sync"
+        if any(t.device.type != "cpu" for t in model.state_dict().values()):
+            return "the learner's weights are not on the CPU"
+        return ""
+
+    def share_engine_weights(self, refresh: bool = False):
+        """Transport "shared_memory": rank 0 keeps its inference weights in named shared memory
+        and returns a ``weight_streaming.SharedWeightsHandle`` (block names, layout, version,
+        node); the other ranks return None. The weights move into new blocks at the first call,
+        with ``refresh`` (new runners must map them) and when a parameter was re-allocated
+        since; new blocks keep their names until :meth:`unlink_engine_weights`."""
+        import ray
+
+        from ...weight_streaming.shared_memory import SharedWeights
+
+        if rank() != 0:
+            return None
+        why = self.shared_weights_unsupported()
+        if why:
+            raise ValueError(f"weight_sync_transport='shared_memory' cannot run: {why}; use 'object_store'")
+        named = list(_engine_state_dict(self._engine_model()[1], keep_vars=True).items())
+        shared = getattr(self, "_shared_weights", None)
+        if shared is None or refresh or not shared.holds(named):
+            if shared is not None:
+                shared.unlink()
+            shared = self._shared_weights = SharedWeights(named)
+        return shared.handle(self.weights_version(), ray.get_runtime_context().get_node_id())
+
+    def unlink_engine_weights(self) -> None:
+        """Remove the names of the shared blocks (every runner has mapped them): nothing is left
+        in /dev/shm however the processes end."""
+        shared = getattr(self, "_shared_weights", None)
+        if shared is not None:
+            shared.unlink()
 
     def weights_version(self) -> int:
         """The learner's weights version (WEIGHTS_SEQ_NO)."""

@@ -7,7 +7,7 @@ import uuid
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["sync_weights", "object_store_sync", "stream_learner_buckets", "send_bucket", "release_learner_buckets",
+__all__ = ["sync_weights", "object_store_sync", "shared_memory_sync", "stream_learner_buckets", "send_bucket", "release_learner_buckets",
            "check_versions", "collective_sync"]
 
 logger = logging.getLogger(__name__)
@@ -17,6 +17,8 @@ _TAG = "rllib_spear_weight_sync"
 #: env-runner group -> {"group_id", "size"} of its weight group; "auto" groups that could not be
 #: formed map to {"group_id": None} (the object store is used from then on).
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+#: env-runner group -> {"runners", "why"}: whether "shared_memory" can run, for these runners.
+_SHARED_POSSIBLE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def _learner_weights(learner_group: Any, sharding: str) -> dict[str, Any]:
@@ -178,6 +180,66 @@ def _collective_possible(learner_group: Any, env_runner_group: Any) -> str:
     return ""
 
 
+def shared_memory_sync(learner_group: Any, env_runner_group: Any) -> tuple[list[int], int]:
+    """Transport "shared_memory": learner rank 0 keeps its weights in shared memory and sends
+    only their handle; every runner (on its node) loads them straight from there; returns (the
+    runners' versions, the sent version). Blocks keep their names only until every runner has
+    mapped them; a runner that has not (it restarted since) answers None, and the learner then
+    shares new blocks, which every runner maps."""
+    def share(refresh: bool):
+        return _rank0_result(learner_group.foreach_learner(
+            lambda learner, r=refresh: learner.share_engine_weights(refresh=r)))
+
+    def read(handle) -> list:
+        return _foreach_runner(env_runner_group, lambda runner, h=handle: runner.read_shared_weights(h))
+
+    handle = share(False)
+    try:
+        versions = read(handle)
+        if any(v is None for v in versions):
+            if handle.linked:
+                raise RuntimeError("weight sync: a runner could not map the learner's shared weights")
+            handle = share(True)
+            versions = read(handle)
+    finally:
+        if handle.linked:
+            learner_group.foreach_learner(lambda learner: learner.unlink_engine_weights())
+    return versions, handle.version
+
+
+def _runner_ids(env_runner_group: Any) -> tuple:
+    if env_runner_group.num_remote_env_runners() == 0:
+        return ("local",)
+    return tuple(env_runner_group.healthy_env_runner_ids())
+
+
+def _shared_memory_possible(learner_group: Any, env_runner_group: Any) -> str:
+    """Why the shared-memory transport cannot run here ("" when it can): the learner's weights
+    must be shareable and every runner on learner rank 0's node. Asked again when the healthy
+    runners change (a restarted runner may be placed on another node)."""
+    ids = _runner_ids(env_runner_group)
+    cached = _SHARED_POSSIBLE.get(env_runner_group)
+    if cached is not None and cached["runners"] == ids:
+        return cached["why"]
+
+    def learner_side(learner):
+        import ray
+
+        from .learner_setup import rank
+
+        if rank() != 0:
+            return None
+        return learner.shared_weights_unsupported(), ray.get_runtime_context().get_node_id()
+
+    why, node = _rank0_result(learner_group.foreach_learner(learner_side))
+    if not why:
+        nodes = _foreach_runner(env_runner_group, lambda runner: runner.node_id())
+        if any(n != node for n in nodes):
+            why = "some runners are on another node than learner rank 0"
+    _SHARED_POSSIBLE[env_runner_group] = {"runners": ids, "why": why}
+    return why
+
+
 def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
                  transport: str = "object_store", bucket_mb: float = 256) -> int:
     """Push the learners' weights to every runner, check each runner's version, return it.
@@ -189,15 +251,24 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
 
     ``transport`` (docs/design.md "Weight streaming"): "object_store" (learner rank 0 puts one
     Ray object per bucket of at most ``bucket_mb`` MB; runners fetch and apply them one at a
-    time, bucket k while the learner puts bucket k+1), "collective" (learner rank 0 broadcasts the buckets over a gloo group of itself and
-    the runners), "auto" (collective when the group can be formed, else the object store) or
-    "driver" (the whole state through the driver, one object for all runners: the old path).
+    time, bucket k while the learner puts bucket k+1), "shared_memory" (runners on the
+    learner's node read its weights straight from shared memory), "collective" (learner rank 0
+    broadcasts the buckets over a gloo group of itself and the runners), "auto" (shared memory
+    when it can run, else the collective when its group can be formed, else the object store)
+    or "driver" (the whole state through the driver, one object for all runners: the old path).
     """
+    from ...weight_streaming import TRANSPORTS
+
+    if transport not in TRANSPORTS:
+        raise ValueError(f"weight_sync_transport must be one of {TRANSPORTS}, got {transport!r}")
     if transport == "driver":
         return _sync_via_driver(learner_group, env_runner_group, sharding)
-    if transport not in ("object_store", "collective", "auto"):
-        raise ValueError("weight_sync_transport must be 'object_store', 'collective', 'auto' or 'driver', "
-                         f"got {transport!r}")
+    if transport in ("shared_memory", "auto"):
+        why = _shared_memory_possible(learner_group, env_runner_group)
+        if not why:
+            return check_versions(*shared_memory_sync(learner_group, env_runner_group))
+        if transport == "shared_memory":
+            raise ValueError(f"weight_sync_transport='shared_memory' cannot run: {why}; use 'auto' or 'object_store'")
     bucket_bytes = max(1, int(bucket_mb * 2**20))
     if transport in ("collective", "auto"):
         why = _collective_possible(learner_group, env_runner_group)
