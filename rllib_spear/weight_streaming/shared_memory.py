@@ -69,6 +69,16 @@ def _views(meta: BucketMeta, blocks: dict[str, str]) -> dict[str, torch.Tensor]:
     return {dt: _map(blocks[dt], n) for dt, n in meta.buffer_bytes.items() if n}
 
 
+def _unique(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``named`` with each tensor object once, under its first name (tied weights)."""
+    items, seen = [], set()
+    for name, t in named:
+        if id(t) not in seen:
+            seen.add(id(t))
+            items.append((name, t))
+    return items
+
+
 class SharedWeights:
     """The sender's weights, moved into shared memory (see the module docstring).
 
@@ -80,16 +90,13 @@ class SharedWeights:
     def __init__(self, named: Iterable[tuple[str, torch.Tensor]]):
         from multiprocessing import shared_memory
 
-        items, seen = [], set()
-        for name, t in named:
+        items = _unique(named)
+        for name, t in items:
             if t.device.type != "cpu":
                 raise ValueError(f"shared-memory weights must be CPU tensors; {name} is on {t.device}")
-            if id(t) not in seen:
-                seen.add(id(t))
-                items.append((name, t))
         if not os.path.isdir(_SHM_DIR):
             raise RuntimeError(f"shared-memory weights need {_SHM_DIR} (Linux); use the object store here")
-        self.meta = bucket_meta(0, [(n, t) for n, t in items])
+        self.meta = bucket_meta(0, items)
         # SharedMemory picks a free name and registers the block with the resource tracker
         # (unlinked if this process dies); the tensors use a mapping of their own (see _map)
         self._blocks = {}
@@ -117,11 +124,7 @@ class SharedWeights:
     def holds(self, named: Iterable[tuple[str, torch.Tensor]]) -> bool:
         """Whether ``named`` are still exactly the shared tensors (same objects, same memory):
         something that re-allocated a parameter (``p.data = ...``) makes this False."""
-        items, seen = [], set()
-        for name, t in named:
-            if id(t) not in seen:
-                seen.add(id(t))
-                items.append((name, t))
+        items = _unique(named)
         return ([n for n, _ in items] == self.meta.names
                 and all(a is b for (_, a), b in zip(items, self._tensors))
                 and [t.data_ptr() for t in self._tensors] == self._ptrs)

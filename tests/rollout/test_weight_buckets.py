@@ -88,6 +88,12 @@ class _RecordingEngine:
             self.loaded[k] = v.clone()
 
 
+class _FailingEngine(_RecordingEngine):
+    def load_weights_stream(self, pairs):
+        for k, v in pairs:
+            raise RuntimeError("loader failed")
+
+
 def _stream(engine, buckets, version, put, get, skip=()):
     """Put each bucket and add it to a BucketStream (except the indices in ``skip``); returns
     the stream (not finished) and the number of buckets."""
@@ -205,14 +211,9 @@ def test_out_of_order_buckets_and_an_abandoned_stream_keep_the_old_version():
 
 
 def test_loader_error_reaches_finish():
-    class Failing(_RecordingEngine):
-        def load_weights_stream(self, pairs):
-            for k, v in pairs:
-                raise RuntimeError("loader failed")
-
     named = _named([8, 8, 8])
     _, put, get = _store()
-    eng = Failing()
+    eng = _FailingEngine()
     stream, n = _stream(eng, iter_buckets(named, 32), 9, put, get)
     with pytest.raises(RuntimeError, match="loader failed"):
         stream.finish(n)
@@ -293,13 +294,8 @@ def test_collective_receiver_whose_loader_stops_early_stays_in_step_and_keeps_it
     from rllib_spear.weight_streaming.collective import broadcast_buckets
     from rllib_spear.weight_streaming.receiver import receive_broadcast
 
-    class Failing(_RecordingEngine):
-        def load_weights_stream(self, pairs):
-            for k, v in pairs:
-                raise RuntimeError("loader failed")
-
     named = _named([8, 8, 8])
-    failing, ok = Failing(), _RecordingEngine()
+    failing, ok = _FailingEngine(), _RecordingEngine()
 
     def recv(g):
         eng = failing if g.rank == 1 else ok

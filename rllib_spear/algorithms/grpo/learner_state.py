@@ -42,6 +42,11 @@ class LearnerStateMixin:
     generators ``_cov_generator`` and ``_entropy_generator`` (mixed in before TorchLearner)."""
 
     _restore_dir: str | None = None
+    # the weight sync's sender state (docs/design.md "Weight streaming")
+    _engine_bucket_stream = None  # object store: the buckets still to put
+    _engine_next_bucket = None  # object store: the bucket put by the next call
+    _engine_weights_manifest = None  # object store: the refs put so far (rank 0 owns them)
+    _shared_weights = None  # shared memory: the blocks that hold the weights
 
     def engine_state(self) -> dict | None:
         """The inference weights for the engines, with the weights version (every rank must call
@@ -115,12 +120,12 @@ class LearnerStateMixin:
 
         if rank() != 0:
             return None
-        why = self.shared_weights_unsupported()
-        if why:
-            raise ValueError(f"weight_sync_transport='shared_memory' cannot run: {why}; use 'object_store'")
         named = list(_engine_state_dict(self._engine_model()[1], keep_vars=True).items())
-        shared = getattr(self, "_shared_weights", None)
+        shared = self._shared_weights
         if shared is None or refresh or not shared.holds(named):
+            why = self.shared_weights_unsupported()  # checked when (re-)sharing, not every sync
+            if why:
+                raise ValueError(f"weight_sync_transport='shared_memory' cannot run: {why}; use 'object_store'")
             if shared is not None:
                 shared.unlink()
             shared = self._shared_weights = SharedWeights(named)
@@ -129,9 +134,8 @@ class LearnerStateMixin:
     def unlink_engine_weights(self) -> None:
         """Remove the names of the shared blocks (every runner has mapped them): nothing is left
         in /dev/shm however the processes end."""
-        shared = getattr(self, "_shared_weights", None)
-        if shared is not None:
-            shared.unlink()
+        if self._shared_weights is not None:
+            self._shared_weights.unlink()
 
     def weights_version(self) -> int:
         """The learner's weights version (WEIGHTS_SEQ_NO)."""
@@ -163,7 +167,7 @@ class LearnerStateMixin:
                 self._engine_bucket_stream = None
                 if sender:
                     raise RuntimeError("weight sync: the module has no inference weights to send")
-        stream = getattr(self, "_engine_bucket_stream", None)
+        stream = self._engine_bucket_stream
         if stream is None:
             if sender:
                 raise RuntimeError("put_next_engine_bucket: no weight stream in progress; call it with start=True")

@@ -7,8 +7,8 @@ import uuid
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["sync_weights", "object_store_sync", "shared_memory_sync", "stream_learner_buckets", "send_bucket", "release_learner_buckets",
-           "check_versions", "collective_sync"]
+__all__ = ["sync_weights", "object_store_sync", "shared_memory_sync", "stream_learner_buckets", "send_bucket",
+           "release_learner_buckets", "check_versions", "collective_sync"]
 
 logger = logging.getLogger(__name__)
 
