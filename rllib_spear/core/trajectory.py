@@ -68,7 +68,8 @@ class Trajectory:
         uid: task/group uid; all G rollouts of one task share it (groups are found by uid, never
             by batch position).
         segments: prompt first, then alternating assistant / observation spans.
-        step_rewards: reward per step (len == num_steps); SPADER's per-step rewards, or zeros.
+        step_rewards: reward per step (len == num_steps): what the environment paid at each step
+            with the outcome taken off the last (docs/algorithms.md, Notation), plus SPADER's diversity reward.
         outcome_reward: environment outcome reward of the episode (EM, F1, +1/-1, success...).
         policy_version: version of the weights that generated the assistant tokens.
         truncated: stopped by max_turns or the context budget before a final answer.

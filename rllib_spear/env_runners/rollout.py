@@ -31,7 +31,7 @@ from ..envs.base import ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from .text_safety import safe_text
 
-__all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout"]
+__all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout", "step_rewards_from_env"]
 
 
 @dataclass(frozen=True)
@@ -156,10 +156,32 @@ class _Episode:
     truncated: bool = False
     reached_max_length: bool = False
     turn_hit_cap: list[bool] = field(default_factory=list)  # per turn: stopped at its token cap
-    outcome_reward: float = 0.0
+    outcome_reward: float = 0.0  # sum of the env's step rewards so far
+    env_rewards: list[float] = field(default_factory=list)  # per turn: the env's StepResult.reward
     error: str | None = None  # "<ExceptionType>: message" when a turn raised
     error_stage: str | None = None
     env_error: str | None = None  # repr of an exception raised by env.step (older key)
+
+
+def step_rewards_from_env(env_rewards: Sequence[float], turns: int, outcome: float) -> list[float]:
+    """The trajectory's per-step rewards r_k from the rewards the environment paid per step.
+
+    The environment pays its whole return through ``StepResult.reward`` (the outcome usually on
+    the last step) and names the outcome part in ``episode_stats().outcome_reward``
+    (docs/algorithms.md, Notation). The outcome is kept apart (``Trajectory.outcome_reward``),
+    so it is taken off the last step:
+
+        r_k = env_k (k < K-1),   r_{K-1} = env_{K-1} - outcome,   R = outcome + sum_k r_k = sum_k env_k
+
+    A turn whose env step raised paid nothing (0). A text game's invalid-action penalty is thus
+    the step reward of the turn that made it, for SPA and GiGPO alike, and part of R.
+    """
+    if turns <= 0:
+        return []
+    r = [float(x) for x in env_rewards][:turns]
+    r += [0.0] * (turns - len(r))
+    r[-1] -= float(outcome)  # exactly 0 when the outcome alone was paid on the last step
+    return r
 
 
 def _describe(exc: BaseException) -> str:
@@ -295,7 +317,10 @@ class MultiTurnRollout:
                 ep.env_error = repr(exc)
                 raise
             stage = "reward"
-            ep.outcome_reward += float(res.reward)
+            reward = float(res.reward)
+            ep.env_rewards.extend([0.0] * (ep.turns - 1 - len(ep.env_rewards)))  # turns whose step raised
+            ep.env_rewards.append(reward)
+            ep.outcome_reward += reward
             if res.done or res.observation is None:
                 ep.done = True
                 return
@@ -350,7 +375,8 @@ class MultiTurnRollout:
         self._release_env(ep.env)
         return Trajectory(
             uid=ep.uid, segments=ep.segments, outcome_reward=stats.outcome_reward,
-            step_rewards=[0.0] * ep.turns, policy_version=policy_version,
+            step_rewards=step_rewards_from_env(ep.env_rewards, ep.turns, stats.outcome_reward),
+            policy_version=policy_version,
             truncated=ep.truncated, stats=stats, rollout=record, task=dict(ep.task),
             traj_id=uuid.uuid4().hex,
         )

@@ -21,7 +21,10 @@ class StepResult:
     ``observation`` is the tool output already wrapped in its tags (e.g.
     ``<information>...</information>``, ``<tool_response>...</tool_response>``), or None when the
     episode is done. The rollout worker puts it into a new user turn of the chat template.
-    ``reward`` is the outcome reward paid on this step (usually 0 until the final step).
+    ``reward`` is what this step pays: a step penalty or bonus, plus the outcome on the step that
+    ends the episode. The episode's return is the sum over its steps; ``episode_stats()``'s
+    ``outcome_reward`` says which part of it is the outcome, and the rest become the
+    trajectory's step rewards (docs/algorithms.md, Notation).
     """
 
     observation: str | None

@@ -15,7 +15,7 @@ User reward functions are the short form (TRL's ``reward_funcs``, verl's ``compu
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -122,6 +122,12 @@ def _diversity_inputs(trajs: list[Trajectory], who: str) -> tuple[list, list, li
     return found, queries, gold
 
 
+def add_step_rewards(env: Sequence[float], extra: Sequence[float]) -> list[float]:
+    """``env_k + extra_k`` per step, the shorter list padded with zeros."""
+    n = max(len(env), len(extra))
+    return [float((env[k] if k < len(env) else 0.0) + (extra[k] if k < len(extra) else 0.0)) for k in range(n)]
+
+
 def _spader_step_rewards(trajs: list[Trajectory], step: int, cfg: Any, tool_cost: float) -> dict[str, float]:
     who = "spader_diversity"
     found, queries, gold = _diversity_inputs(trajs, who)
@@ -131,7 +137,8 @@ def _spader_step_rewards(trajs: list[Trajectory], step: int, cfg: Any, tool_cost
     uniq: dict[str, set] = {}
     for i, t in enumerate(trajs):
         s = t.stats
-        t.step_rewards = [float(r) for r in details.rewards[i]][: max(t.num_steps, 1)]
+        # added to the environment's own step rewards (a penalty it paid stays in R_i)
+        t.step_rewards = add_step_rewards(t.step_rewards, details.rewards[i][: max(t.num_steps, 1)])
         f1 = s.require("f1", who)
         t.outcome_reward = cfg.final_answer_weight * f1 if s.format_ok else float(cfg.format_error_reward)
         t.derived["entities_found"] = int(sum(details.num_new[i]))

@@ -99,4 +99,5 @@ def sample_for_evaluation(group: Any, tasks: list[dict], samples: int, sampling:
     results = group.foreach_env_runner(
         [lambda r, s=s: r.evaluate_groups(tasks=s, group_size=samples, sampling=sampling) for _, s in shares],
         local_env_runner=False, remote_worker_ids=[i for i, _ in shares])
-    return whole_groups(results, samples), [r["stats"] for r in results], len(shares) - len(results)
+    trajs, _ = whole_groups(results, samples)  # eval tasks have distinct uids (loaders)
+    return trajs, [r["stats"] for r in results], len(shares) - len(results)

@@ -51,6 +51,7 @@ class Collected:
     runner_stats: list[dict]
     lost: int = 0  # runner results that never came back (failed runners)
     stale: int = 0  # trajectories dropped (whole groups) for a lag above max_policy_lag
+    incomplete_groups: int = 0  # groups dropped because they came back with != group_size members
     lag_max: int = 0  # the largest lag (training iterations) among the kept trajectories
     lags: list[int] = field(default_factory=list)  # per kept trajectory
 
@@ -93,14 +94,15 @@ class OneStepOffPipeline:
             raise RuntimeError("one_step_off: no sample in flight")
         results = dict(group.fetch_ready_async_reqs(tags=SAMPLE_TAG, timeout_seconds=None)) if req.runner_ids else {}
         ordered = [results[i] for i in req.runner_ids if i in results]  # dealing order: reproducible
-        trajs = whole_groups(ordered, req.group_size)
+        trajs, incomplete = whole_groups(ordered, req.group_size)
         lag = [self._lag(t, step) for t in trajs]
         stale_uids = {t.uid for t, g in zip(trajs, lag) if g is None or not 0 <= g <= self.max_policy_lag}
         lags = [int(g) for t, g in zip(trajs, lag) if t.uid not in stale_uids]
         kept = [t for t in trajs if t.uid not in stale_uids]
         self._step_of_version = {v: s for v, s in self._step_of_version.items() if step - s <= self.max_policy_lag}
         return Collected(kept, [r["stats"] for r in ordered], lost=len(req.runner_ids) - len(ordered),
-                         stale=len(trajs) - len(kept), lag_max=max(lags, default=0), lags=lags)
+                         stale=len(trajs) - len(kept), lag_max=max(lags, default=0), lags=lags,
+                         incomplete_groups=incomplete)
 
     def drop(self, group: Any) -> int:
         """Discard the request in flight (a restore: the restored run samples fresh) and forget

@@ -36,32 +36,36 @@ def sample_requests(ids: list[int], tasks: list[dict], group_size: int,
             for i, s in zip(ids, shares) if s]
 
 
-def whole_groups(results: list[dict], group_size: int) -> list[Trajectory]:
-    """The trajectories of the runner results whose group came back complete: a group split by a
-    runner failure would bias its baseline."""
+def whole_groups(results: list[dict], group_size: int) -> tuple[list[Trajectory], int]:
+    """(the trajectories of the runner results whose group came back complete, the number of
+    groups dropped): a group with fewer or more than ``group_size`` members (split by a runner
+    failure, or a uid sent twice) would bias its baseline. Callers log the count."""
     trajs = [t for r in results for t in r["trajectories"]]
     counts: dict[str, int] = defaultdict(int)
     for t in trajs:
         counts[t.uid] += 1
-    return [t for t in trajs if counts[t.uid] == group_size]
+    dropped = sum(1 for n in counts.values() if n != group_size)
+    return [t for t in trajs if counts[t.uid] == group_size], dropped
 
 
 def sample_groups(group: Any, tasks: list[dict], group_size: int, version: int,
-                  resync: Callable[[], int]) -> tuple[list[Trajectory], list[dict], int]:
-    """(trajectories, runner stats, number of runner results lost) for ``tasks``, G = ``group_size``
-    episodes each, sampled with weights ``version``.
+                  resync: Callable[[], int]) -> tuple[list[Trajectory], list[dict], int, int]:
+    """(trajectories, runner stats, number of runner results lost, number of incomplete groups
+    dropped) for ``tasks``, G = ``group_size`` episodes each, sampled with weights ``version``.
 
     With no remote runners the local runner samples. Otherwise the healthy runners
     (:func:`healthy_runner_ids`) share the tasks; only whole groups are kept.
     """
     if group.num_remote_env_runners() == 0:
         out = group.local_env_runner.sample_groups(tasks=tasks, group_size=group_size, policy_version=version)
-        return list(out["trajectories"]), [out["stats"]], 0
+        trajs, dropped = whole_groups([out], group_size)
+        return trajs, [out["stats"]], 0, dropped
     ids, resynced = healthy_runner_ids(group, resync)
     if not ids:
-        return [], [], 0
+        return [], [], 0, 0
     version = version if resynced is None else resynced
     work = sample_requests(ids, tasks, group_size, version)
     results = group.foreach_env_runner([f for _, f in work], local_env_runner=False,
                                        remote_worker_ids=[i for i, _ in work])
-    return whole_groups(results, group_size), [r["stats"] for r in results], len(work) - len(results)
+    trajs, dropped = whole_groups(results, group_size)
+    return trajs, [r["stats"] for r in results], len(work) - len(results), dropped
