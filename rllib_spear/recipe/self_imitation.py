@@ -97,4 +97,5 @@ class SelfImitation:
         return self.buffer.get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self.buffer.set_state(state)
+        # the running config (sil_capacity, sil_trigger, ...) wins over the checkpoint's
+        self.buffer.set_state(state, keep_config=True)

@@ -30,6 +30,7 @@ Returned trajectories are the stored objects: treat them as read-only.
 """
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ import numpy as np
 
 from rllib_spear.core.advantages import group_reward_stats
 from rllib_spear.core.trajectory import Trajectory
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "SILReplayBuffer",
@@ -398,12 +401,25 @@ class SILReplayBuffer:
             "last_replay_size": self._last_replay_size,
         }
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`get_state` output (config included)."""
+    def set_state(self, state: dict[str, Any], *, keep_config: bool = False) -> None:
+        """Restore :meth:`get_state` output: entries, baseline history, RNG, counters and, unless
+        ``keep_config``, the checkpoint's configuration. ``keep_config=True`` (what a restored
+        training run does) keeps this buffer's configuration, the one the user runs with now, and
+        logs a warning naming every setting that differs from the checkpoint's."""
         version = state.get("version")
         if version != _STATE_VERSION:
             raise ValueError(f"state version must be {_STATE_VERSION}, got {version!r}")
-        self.__init__(**state["config"])
+        if keep_config:
+            running = self.config()
+            # the seed only seeds a fresh RNG; the checkpoint's RNG state is restored below
+            changed = {k: (v, running[k]) for k, v in state["config"].items()
+                       if k != "seed" and k in running and running[k] != v}
+            if changed:
+                logger.warning("SIL buffer restored with the running configuration, not the checkpoint's: %s",
+                               ", ".join(f"{k}: checkpoint {a!r} -> running {b!r}" for k, (a, b) in changed.items()))
+            self.__init__(**running)
+        else:
+            self.__init__(**state["config"])
         self._entries = [
             _Entry(Trajectory.from_dict(d["trajectory"]), float(d["return"]), int(d["step"]))
             for d in state["entries"]

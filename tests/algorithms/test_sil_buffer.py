@@ -365,3 +365,20 @@ def test_metrics_keys_and_empty_baseline():
               "replayed_samples", "evicted_stale"):
         assert k in m
     assert math.isnan(m["baseline_mean"]) and m["size"] == 0 and m["num_above_baseline"] == 0
+
+
+def test_restored_run_keeps_its_own_buffer_config(caplog):
+    """The issue's probe: a run restored with capacity 64 / continuous got the checkpoint's
+    2048 / burst back. The running config wins; the entries come back; a warning names the diff."""
+    from rllib_spear.algorithms.spear import SPEARConfig
+    from rllib_spear.recipe.self_imitation import SelfImitation
+
+    saved = SelfImitation(SPEARConfig().training(sil_capacity=2048, sil_trigger="burst"))
+    add(saved.buffer, 1, [1.0, 2.0, 3.0])
+    state = saved.get_state()
+    running = SelfImitation(SPEARConfig().training(sil_capacity=64, sil_trigger="continuous"))
+    with caplog.at_level("WARNING"):
+        running.set_state(state)
+    assert running.buffer.capacity == 64 and running.buffer.trigger == "continuous"
+    assert len(running.buffer.entries) == len(saved.buffer.entries) == 3
+    assert "capacity: checkpoint 2048 -> running 64" in caplog.text and "trigger" in caplog.text

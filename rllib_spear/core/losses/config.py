@@ -97,7 +97,10 @@ class PolicyLossConfig:
             raise bad("kl_coef", ">= 0")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise bad("kl_estimator", f"one of {KL_ESTIMATORS}")
-        finite("entropy_coef")
+        if finite("entropy_coef") < 0:
+            # a bonus on the token-mean entropy; the learner computes entropy with its gradient
+            # only for a positive coefficient, so a negative one would fail in the first update
+            raise bad("entropy_coef", ">= 0 (the entropy bonus; 0 = off)")
         return self
 
     def to_dict(self) -> dict:
