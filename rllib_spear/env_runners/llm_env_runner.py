@@ -128,13 +128,19 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return {INPUT_ENV_SPACES: spaces, DEFAULT_MODULE_ID: spaces}
 
     def sample_groups(self, *, tasks: Sequence[dict], group_size: int,
-                      policy_version: int | None = None) -> dict[str, Any]:
-        """Run ``group_size`` episodes for each task; returns trajectories and stats."""
+                      policy_version: int | None = None, seed: int | None = None) -> dict[str, Any]:
+        """Run ``group_size`` episodes for each task; returns trajectories and stats.
+
+        ``seed``: this call's sampling seed. The algorithm derives it from the run seed, the
+        draw and this runner's index (``algorithms/grpo/rollouts.sampling_seed``), so a restarted
+        runner or a restored run reuses no seed. Without one (a direct call), the seed comes
+        from this runner's call counter, which restarts with the runner."""
         assert self._rollout is not None
         self._close_weight_stream()
-        # Distinct sampling seeds per call (still reproducible from the run seed).
-        base = self._rollout.sampling.seed
-        if base is not None:
+        if seed is not None:
+            self._rollout.sampling.seed = int(seed)
+        elif self._rollout.sampling.seed is not None:
+            # Distinct sampling seeds per call (still reproducible from the run seed).
             self._rollout.sampling.seed = (int(self.config.seed or 0) * 1000 + self.worker_index) \
                 * 100003 + self._sample_calls
         self._sample_calls += 1

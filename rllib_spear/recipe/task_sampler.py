@@ -69,6 +69,12 @@ class TaskSampler:
             self.position += 1
         return out
 
+    @property
+    def served(self) -> int:
+        """Tasks handed out so far, over all epochs: a key of the next draw that a restored
+        sampler gives again (the runners' sampling seeds derive from it)."""
+        return self.epoch * len(self.tasks) + self.position
+
     def get_state(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "order": list(self._order),
                 "rng": self._rng.bit_generator.state}

@@ -14,10 +14,11 @@ from rllib_spear.recipe import TaskSampler
 
 class FakeRunner:
     def __init__(self, idx: int) -> None:
-        self.idx, self.version, self.calls = idx, 0, 0
+        self.idx, self.version, self.calls, self.seeds = idx, 0, 0, []
 
-    def sample_groups(self, *, tasks, group_size, policy_version=None):
+    def sample_groups(self, *, tasks, group_size, policy_version=None, seed=None):
         self.calls += 1
+        self.seeds.append(seed)
         trajs = [SimpleNamespace(uid=t["uid"], traj_id=f"{self.idx}-{self.calls}-{t['uid']}-{g}",
                                  policy_version=self.version) for t in tasks for g in range(group_size)]
         return {"trajectories": trajs, "stats": {"worker_index": self.idx}}
@@ -153,6 +154,27 @@ def test_drop_and_checkpointed_sampler_state():
     assert p.checkpoint_sampler_state(sampler) == sampler.get_state()
     with pytest.raises(RuntimeError, match="no sample in flight"):
         p.collect(group, 0)
+
+
+def test_sampling_seeds_follow_the_draw_not_the_runner_call_count():
+    """A runner's seed comes from (run seed, draw, runner id): a restored sampler or a restarted
+    runner (whose own call counter starts at 0 again) samples a draw with the original seeds."""
+    sampler = TaskSampler(_tasks(10), seed=0)
+    group, p = FakeGroup(2), OneStepOffPipeline()
+    seeds = []
+    for _ in range(3):
+        before, key = sampler.get_state(), (7, sampler.served)
+        p.launch(group, sampler.next(4), 2, step=0, version=0, sampler_state=before, resync=lambda: 0, seed_key=key)
+        p.collect(group, 0)
+        seeds.append([r.seeds[-1] for r in group.runners.values()])
+    assert len({s for row in seeds for s in row}) == 6  # every share of every draw its own seed
+    # a restored run: the sampler state of draw 2, fresh runners (their call counters at 0)
+    restored, group2 = TaskSampler(_tasks(10), seed=0), FakeGroup(2)
+    restored.next(4)
+    restored.next(4)
+    p2, key = OneStepOffPipeline(), (7, restored.served)
+    p2.launch(group2, restored.next(4), 2, step=0, version=0, sampler_state={}, resync=lambda: 0, seed_key=key)
+    assert [r.seeds[-1] for r in group2.runners.values()] == seeds[2]
 
 
 def test_config_knobs():

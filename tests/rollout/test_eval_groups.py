@@ -62,3 +62,14 @@ def test_unknown_or_bad_sampling_is_refused(runner, tasks):
         runner.evaluate_groups(tasks=tasks, group_size=1, sampling={"temprature": 0.0})
     with pytest.raises(ValueError, match="top_p"):
         runner.evaluate_groups(tasks=tasks, group_size=1, sampling={"top_p": 0.0})
+
+
+def test_a_given_sampling_seed_repeats_whatever_the_call_count(runner, tasks):
+    """The driver's per-draw seed (``rollouts.sampling_seed``) fixes the episodes: a restarted
+    runner, whose call counter starts again at 0, samples a draw as the original did."""
+    a = runner.sample_groups(tasks=tasks, group_size=2, seed=1234)
+    runner.sample_groups(tasks=tasks, group_size=2)  # the call counter moves on
+    b = runner.sample_groups(tasks=tasks, group_size=2, seed=1234)
+    c = runner.sample_groups(tasks=tasks, group_size=2, seed=99)
+    assert _tokens(a) == _tokens(b)
+    assert _tokens(a) != _tokens(c)

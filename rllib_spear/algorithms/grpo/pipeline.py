@@ -69,15 +69,16 @@ class OneStepOffPipeline:
         return self._pending is not None
 
     def launch(self, group: Any, tasks: list[dict], group_size: int, *, step: int, version: int,
-               sampler_state: dict, resync: Callable[[], int]) -> None:
-        """Send ``tasks`` (G = ``group_size`` each) to the healthy runners without waiting."""
+               sampler_state: dict, resync: Callable[[], int], seed_key: tuple[int, int] | None = None) -> None:
+        """Send ``tasks`` (G = ``group_size`` each) to the healthy runners without waiting
+        (``seed_key``: the sampling seeds, ``rollouts.sample_requests``)."""
         if self._pending is not None:
             raise RuntimeError("one_step_off: a sample is already in flight; collect it first")
         if group.num_in_flight_async_reqs(SAMPLE_TAG):
             self._discard(group)  # a request nobody collects any more (e.g. after a failed step)
         ids, resynced = healthy_runner_ids(group, resync)
         version = version if resynced is None else resynced
-        work = sample_requests(ids, tasks, group_size, version)
+        work = sample_requests(ids, tasks, group_size, version, seed_key)
         if work:
             sent = group.foreach_env_runner_async([f for _, f in work], tag=SAMPLE_TAG,
                                                   remote_worker_ids=[i for i, _ in work])

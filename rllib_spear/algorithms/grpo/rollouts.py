@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Callable
 
+import numpy as np
+
 from ...core.trajectory import Trajectory
 
-__all__ = ["sample_groups", "healthy_runner_ids", "sample_requests", "whole_groups"]
+__all__ = ["sample_groups", "healthy_runner_ids", "sample_requests", "sampling_seed", "whole_groups"]
 
 
 def healthy_runner_ids(group: Any, resync: Callable[[], int]) -> tuple[list[int], int | None]:
@@ -28,11 +30,28 @@ def healthy_runner_ids(group: Any, resync: Callable[[], int]) -> tuple[list[int]
     return ids, version
 
 
+#: Separates the training sampling-seed stream from others derived from the same keys.
+_TRAIN_SEED_STREAM = 0x5EED
+
+
+def sampling_seed(seed_key: tuple[int, int] | None, runner_id: int) -> int | None:
+    """The sampling seed of one runner's share of a draw: a function of (run seed, draw key,
+    runner id) only, so a restarted runner or a restored run samples a draw with the seeds the
+    original run used (a runner-side call counter restarts at 0). None: the runner's own."""
+    if seed_key is None:
+        return None
+    run_seed, draw = seed_key
+    return int(np.random.SeedSequence([int(run_seed), int(draw), int(runner_id), _TRAIN_SEED_STREAM])
+               .generate_state(1)[0])
+
+
 def sample_requests(ids: list[int], tasks: list[dict], group_size: int,
-                    version: int) -> list[tuple[int, Callable]]:
-    """[(runner id, fn(runner) -> its ``sample_groups`` result)]: ``tasks`` dealt round-robin."""
+                    version: int, seed_key: tuple[int, int] | None = None) -> list[tuple[int, Callable]]:
+    """[(runner id, fn(runner) -> its ``sample_groups`` result)]: ``tasks`` dealt round-robin;
+    ``seed_key`` (run seed, draw key) gives each share its :func:`sampling_seed`."""
     shares = [tasks[i::len(ids)] for i in range(len(ids))] if ids else []
-    return [(i, (lambda r, s=s: r.sample_groups(tasks=s, group_size=group_size, policy_version=version)))
+    return [(i, (lambda r, s=s, seed=sampling_seed(seed_key, i): r.sample_groups(
+                tasks=s, group_size=group_size, policy_version=version, seed=seed)))
             for i, s in zip(ids, shares) if s]
 
 
@@ -49,22 +68,25 @@ def whole_groups(results: list[dict], group_size: int) -> tuple[list[Trajectory]
 
 
 def sample_groups(group: Any, tasks: list[dict], group_size: int, version: int,
-                  resync: Callable[[], int]) -> tuple[list[Trajectory], list[dict], int, int]:
+                  resync: Callable[[], int], seed_key: tuple[int, int] | None = None,
+                  ) -> tuple[list[Trajectory], list[dict], int, int]:
     """(trajectories, runner stats, number of runner results lost, number of incomplete groups
     dropped) for ``tasks``, G = ``group_size`` episodes each, sampled with weights ``version``.
 
     With no remote runners the local runner samples. Otherwise the healthy runners
-    (:func:`healthy_runner_ids`) share the tasks; only whole groups are kept.
+    (:func:`healthy_runner_ids`) share the tasks; only whole groups are kept. ``seed_key``:
+    see :func:`sample_requests`.
     """
     if group.num_remote_env_runners() == 0:
-        out = group.local_env_runner.sample_groups(tasks=tasks, group_size=group_size, policy_version=version)
+        out = group.local_env_runner.sample_groups(tasks=tasks, group_size=group_size, policy_version=version,
+                                                   seed=sampling_seed(seed_key, 0))
         trajs, dropped = whole_groups([out], group_size)
         return trajs, [out["stats"]], 0, dropped
     ids, resynced = healthy_runner_ids(group, resync)
     if not ids:
         return [], [], 0, 0
     version = version if resynced is None else resynced
-    work = sample_requests(ids, tasks, group_size, version)
+    work = sample_requests(ids, tasks, group_size, version, seed_key)
     results = group.foreach_env_runner([f for _, f in work], local_env_runner=False,
                                        remote_worker_ids=[i for i, _ in work])
     trajs, dropped = whole_groups(results, group_size)
