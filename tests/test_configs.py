@@ -23,7 +23,7 @@ def test_config_builds_and_validates(path):
     exp = load_experiment(str(path))
     assert exp.get("algorithm") and exp.get("name")
     cfg = build_config(exp)
-    cfg.validate()
+    cfg.validate(check_files=False)  # the GPU recipes name a cluster's folders
     assert cfg.model_config["model_path"]
     # every training key of the file landed on the config (a typo would be silently ignored)
     for key, value in ((exp.get("config") or {}).get("training") or {}).items():

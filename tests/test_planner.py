@@ -228,16 +228,50 @@ def _recipe(name: str, *overrides: str):
 def test_validate_refuses_a_7b_ddp_full_finetune_on_80_gb_naming_fsdp():
     cfg = _recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp")
     with pytest.raises(ValueError) as e:
-        cfg.validate()
+        cfg.validate(check_files=False)
     msg = str(e.value)
     assert msg.startswith(planner.MEMORY_ERROR)
     assert '.learners(sharding="fsdp")' in msg and "GiB per learner GPU" in msg and "gpu_memory_gb=80" in msg
 
 
+def test_fixes_give_the_cli_form_too():
+    msg = planner.check_fits(_recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp"))
+    assert '.learners(sharding="fsdp") (--set learners.sharding=fsdp)' in msg
+    assert "--set learners.cpu_offload=true" in msg
+    assert "--set rl_module.model_config.lora=" in msg
+    msg = planner.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "env_runners.num_gpus_per_env_runner=1",
+                                     "env_runners.engine_kwargs.tensor_parallel_size=1"))
+    assert "--set env_runners.engine_kwargs.tensor_parallel_size=" in msg
+
+
+def test_host_memory_is_part_of_the_verdict():
+    cfg = _recipe("spear_qwen2.5_32b_code_math.yaml")
+    p = planner.plan(cfg, host_memory_gb=512)  # the recipe pins ~610 GiB per learner node
+    assert p.learner_fits is True and p.host_fits is False and p.fits is False
+    (msg,) = p.problems()
+    assert "pinned host memory" in msg and "host_memory_gb=512" in msg and "--set learners.num_learners=16" in msg
+    assert planner.plan(cfg, host_memory_gb=2048).fits is True
+    assert planner.plan(cfg).host_fits is None  # validate() declares no host memory: not checked
+    # no offload, nothing pinned: no host verdict
+    assert planner.plan(_recipe("spear_qwen2.5_7b_search.yaml"), host_memory_gb=1).host_fits is None
+
+
+def test_cli_plan_exits_1_when_the_host_memory_is_short(capsys):
+    from rllib_spear.cli import main
+
+    path = str(ROOT / "configs" / "spear_qwen2.5_32b_code_math.yaml")
+    assert main(["plan", path, "--host-memory-gb", "256"]) == 1
+    out = capsys.readouterr().out
+    assert "host memory 610.27 GiB pinned (cpu_offload) of 256 GiB: DOES NOT FIT" in out
+    assert main(["plan", path]) == 0  # the default: an 8-GPU node's 2 TiB
+    assert "of 2048 GiB: fits" in capsys.readouterr().out
+
+
 def test_validate_accepts_the_shipped_7b_recipe_and_ignores_undeclared_memory():
-    _recipe("spear_qwen2.5_7b_search.yaml").validate()
+    _recipe("spear_qwen2.5_7b_search.yaml").validate(check_files=False)
     # the same DDP layout without a declared GPU is not checked (the CPU default)
-    _recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp", "learners.gpu_memory_gb=null").validate()
+    _recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp", "learners.gpu_memory_gb=null").validate(
+        check_files=False)
 
 
 def test_validate_names_the_other_knobs():
@@ -255,7 +289,7 @@ def test_validate_names_the_other_knobs():
 def test_engine_gpu_memory_is_checked_on_its_own():
     cfg = _recipe("spear_qwen2.5_7b_search.yaml", "learners.gpu_memory_gb=null", "env_runners.engine_gpu_memory_gb=16")
     with pytest.raises(ValueError, match="KV cache"):
-        cfg.validate()
+        cfg.validate(check_files=False)
 
 
 def test_cli_plan_prints_the_table_and_exits_0(capsys):

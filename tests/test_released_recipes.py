@@ -64,7 +64,7 @@ def test_rows_match_the_yaml(spec, config):
 @pytest.mark.parametrize("spec,config", CASES, ids=IDS)
 def test_rows_reach_the_built_config(spec, config):
     cfg = build_config(load_experiment(str(ROOT / config)))
-    cfg.validate()
+    cfg.validate(check_files=False)  # the recipes name a cluster's folders
     for row in spec["rows"]:
         for key, value in rt.keys_and_values(row, config):
             applies, got = _config_value(cfg, key)

@@ -40,7 +40,11 @@ MANIFEST = "manifest.json"
 
 #: Cold starts of real pretrained models, by the ``model_path`` that names them: name ->
 #: (module of this package, function returning the folder). Built on first use, never shipped.
-NAMED_COLD_STARTS: dict[str, tuple[str, str]] = {"smollm2-search": ("smollm2", "smollm2_search_path")}
+NAMED_COLD_STARTS: dict[str, tuple[str, str]] = {
+    "smollm2-search": ("smollm2", "smollm2_search_path"),
+    # the plain instruct model, no cold start: where a new tool or environment starts
+    "smollm2-instruct": ("smollm2", "smollm2_instruct_path"),
+}
 
 
 def read_manifest(folder: Path) -> dict | None:

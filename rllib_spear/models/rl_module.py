@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from typing import Any, Collection, Dict, Optional, Union
 
 import gymnasium as gym
@@ -54,6 +55,21 @@ from .dtypes import torch_dtype
 from .logprobs import token_logprobs
 
 __all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "empty_weights"]
+
+
+class _RLlibOwnRLModuleConfigNotice(logging.Filter):
+    """Drops RLlib's "`RLModule(config=[RLModuleConfig object])` has been deprecated" notice.
+
+    RLlib's own ``RLModule.__init__`` builds the deprecated ``RLModuleConfig`` for every module
+    (ray/rllib/core/rl_module/rl_module.py), whatever the subclass passes: this module uses the
+    new constructor, so the notice, printed by every learner and runner, names nothing a user
+    can change and reads like a failure. Every other deprecation notice still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RLModule(config=[RLModuleConfig" not in record.getMessage()
+
+
+logging.getLogger("ray._common.deprecation").addFilter(_RLlibOwnRLModuleConfigNotice())
 
 #: Set by ``empty_weights()``: modules built meanwhile hold meta-device (unallocated) weights.
 _EMPTY_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rllib_spear_empty_init", default=False)

@@ -12,7 +12,6 @@ and select it with ``.training(response_filters=("overlong", "too_short"))``.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -24,7 +23,7 @@ from ..registry import Registry
 from .piece import ErrorFn, Piece, check_choice, check_ints, piece_decorator
 
 __all__ = ["RESPONSE_FILTERS", "register_response_filter", "FilterResult", "apply_filters", "DRBOT_FILTERS",
-           "OVERLONG_SCOPES"]
+           "OVERLONG_SCOPES", "NEARLY_ALL_FILTERED", "filtered_batch_warning"]
 
 RESPONSE_FILTERS: Registry[Piece] = Registry(
     "response filter", register_hint="rllib_spear.recipe.register_response_filter")
@@ -106,16 +105,56 @@ def apply_filters(trajs: list[Trajectory], cfg: Any) -> FilterResult:
     if cfg.group_filter_keep_fraction is not None:
         kept_groups = group_std_filter([t.total_reward for t in trajs], [t.uid for t in trajs],
                                        keep_fraction=cfg.group_filter_keep_fraction)
-    counts: dict[str, int] = defaultdict(int)
+    # every configured reason is reported, 0 included: a curve with gaps reads as "not measured"
+    counts: dict[str, int] = {name: 0 for name, _ in filters}
+    if kept_groups is not None:
+        counts["group_std"] = 0
     masks, filtered = [], []
     for t in trajs:
         reasons = [name for name, f in filters if f(t, cfg)]
         if kept_groups is not None and t.uid not in kept_groups:
             reasons.append("group_std")
         for r in reasons:
-            counts[r] += 1
+            counts[r] = counts.get(r, 0) + 1
         mask = t.loss_mask()
         masks.append(np.zeros_like(mask) if reasons else mask)
         filtered.append(bool(reasons))
     counts["any"] = sum(filtered)
     return FilterResult(masks, filtered, {k: v / len(trajs) for k, v in counts.items()})
+
+
+#: A batch whose filters masked this share of its responses or more trains (almost) nothing.
+NEARLY_ALL_FILTERED = 0.9
+
+#: What to look at when one filter masks (nearly) a whole batch: the knob, and the usual cause.
+_FILTER_HINTS = {
+    "incomplete": ("the responses have no valid final answer in the environment's format: check that the model "
+                   "speaks it (the embedded model only speaks the embedded search tasks' format; start a new "
+                   "environment or tool with an instruct model: rl_module(model_config={'model_path': "
+                   "'smollm2-instruct'}) or any local HF instruct model folder), or drop 'incomplete' from "
+                   "training(response_filters=...)"),
+    "overlong": ("the responses reach the token budget: raise env_runners(max_response_tokens=..., "
+                 "max_new_tokens=...), or set training(overlong_scope='episode') or drop 'overlong' from "
+                 "training(response_filters=...)"),
+    "repetitive": ("the responses repeat an n-gram: see training(filter_ngram_size=..., filter_ngram_repeats=...) "
+                   "or drop 'repetitive' from training(response_filters=...)"),
+    "unreadable": ("the decoded responses hold replacement characters (a tokenizer / model mismatch?), or drop "
+                   "'unreadable' from training(response_filters=...)"),
+    "group_std": ("every group's rewards are (nearly) equal: raise training(group_filter_keep_fraction=...) or "
+                  "set it to None"),
+}
+
+
+def filtered_batch_warning(fractions: dict[str, float],
+                           threshold: float = NEARLY_ALL_FILTERED) -> str | None:
+    """A warning when the filters masked ``threshold`` of the batch or more, naming the filter
+    that masked the most and its knob; None otherwise."""
+    share = fractions.get("any", 0.0)
+    if share < threshold:
+        return None
+    by_share = sorted(((v, k) for k, v in fractions.items() if k != "any"), reverse=True)
+    top = by_share[0][1] if by_share else "any"
+    hint = _FILTER_HINTS.get(top, f"see what the filter {top!r} checks, or drop it from training(response_filters=...)")
+    detail = ", ".join(f"{k} {v:.0%}" for v, k in by_share if v > 0)
+    return (f"the response filters masked {share:.0%} of this batch ({detail}): it trains (almost) nothing. "
+            f"Most of it is '{top}': {hint}")

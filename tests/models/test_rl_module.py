@@ -104,3 +104,17 @@ def test_lora_trains_adapters_and_ships_merged_weights(tiny_path):
     m2.set_state(full)
     with torch.no_grad():
         torch.testing.assert_close(m2.forward_inference(batch)["logp"], a, atol=0, rtol=0)
+
+
+def test_rllibs_own_rl_module_config_notice_is_filtered(caplog):
+    """RLlib's RLModule.__init__ builds the deprecated RLModuleConfig itself: its notice (printed
+    by every learner and runner) is dropped; other deprecation notices still show."""
+    import logging
+
+    import rllib_spear.models.rl_module  # noqa: F401  (installs the filter)
+    from ray._common.deprecation import deprecation_warning
+
+    with caplog.at_level(logging.WARNING, logger="ray._common.deprecation"):
+        deprecation_warning(old="RLModule(config=[RLModuleConfig object])", new="RLModule(observation_space=..)")
+        deprecation_warning(old="something_else()", new="other()")
+    assert "RLModuleConfig" not in caplog.text and "something_else" in caplog.text

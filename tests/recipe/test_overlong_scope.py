@@ -54,8 +54,8 @@ def test_turn_scope_masks_the_whole_episode():
 def test_scope_is_validated():
     from rllib_spear import DrBoTConfig
 
-    cfg = DrBoTConfig().rl_module(model_config={"model_path": "/m"})
+    cfg = DrBoTConfig().rl_module(model_config={"model_path": "embedded"})
     assert cfg.overlong_scope == "episode"
     cfg.training(overlong_scope="turn").validate()
     with pytest.raises(ValueError, match="overlong_scope"):
-        DrBoTConfig().rl_module(model_config={"model_path": "/m"}).training(overlong_scope="step").validate()
+        DrBoTConfig().rl_module(model_config={"model_path": "embedded"}).training(overlong_scope="step").validate()
