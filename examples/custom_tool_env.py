@@ -20,7 +20,7 @@ What it shows:
 * the tasks are a list of dicts (or a parquet file written to a temp dir) given as ``dataset=``;
 * a user reward function ``fn(task, response, stats) -> float`` added with
   ``.training(reward_fns=[...])``: its value is a named reward component,
-  ``reward_fns/tidy_answer``, reported as ``env_runners/reward_reward_fns/tidy_answer_mean``.
+  ``reward_fns/tidy_answer``, reported as ``env_runners/reward_fns/tidy_answer_mean``.
 
 The tiny embedded model was trained on another task, so it rarely calls these tools: the point is
 the plumbing, not the learning curve. Use a real model path for the latter.
@@ -155,7 +155,7 @@ def _progress_callback(results: list[dict], verbose: bool):
             if verbose:
                 print(f"iteration {result['training_iteration']}: reward {r['reward_total_mean']:.3f} "
                       f"(outcome {r['reward_outcome_mean']:.3f}, tidy_answer "
-                      f"{r.get('reward_reward_fns/tidy_answer_mean', float('nan')):.3f}), tool calls per "
+                      f"{r.get('reward_fns/tidy_answer_mean', float('nan')):.3f}), tool calls per "
                       f"episode {r['tool_calls_per_episode']:.2f}, episodes {int(r['num_episodes'])}", flush=True)
 
     return Progress()

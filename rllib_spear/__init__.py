@@ -6,10 +6,24 @@ core (``rllib_spear.core``) has no Ray dependency.
 __version__ = "0.1.0"
 
 
+def _is_cli_process() -> bool:
+    """Whether this process runs the ``rllib-spear`` command (the console script, or ``python -m
+    rllib_spear.cli``). The command registers the algorithms itself when a subcommand needs Ray
+    (``rllib_spear.cli._load_plugin``), so that ``--help`` and ``--version`` answer without
+    importing Ray and torch (seconds)."""
+    import os
+    import sys
+
+    if sys.argv and os.path.basename(sys.argv[0]).removesuffix(".exe") == "rllib-spear":
+        return True
+    argv = list(getattr(sys, "orig_argv", ()))  # with -m, sys.argv[0] is "-m" while the package imports
+    return any(a == "-m" and b == "rllib_spear.cli" for a, b in zip(argv, argv[1:]))
+
+
 def _register() -> None:
     import os
 
-    if os.environ.get("RLLIB_SPEAR_NO_REGISTER") == "1":
+    if os.environ.get("RLLIB_SPEAR_NO_REGISTER") == "1" or _is_cli_process():
         return
     try:
         from .registration import register_all

@@ -1,24 +1,30 @@
-"""``rllib-spear`` command: train from a YAML config on Tune, evaluate a checkpoint, plan memory.
+"""rllib-spear command: train from a YAML config on Tune, evaluate a checkpoint, export it, plan memory.
 
     rllib-spear train configs/spear_cpu_demo.yaml --set training.lr=5e-5 --set stop.training_iteration=5
-    rllib-spear eval results/spear_cpu_demo/<trial>/checkpoint_000010 --split test
+    rllib-spear eval results/spear_cpu_demo/<trial> --split test      (the trial's latest checkpoint)
     rllib-spear eval <checkpoint> --dataset data/aime.parquet --n 32 --temperature 1 --top-p 0.6 --json out.json
     rllib-spear export results/spear_cpu_demo/<trial>/checkpoint_000010 exported_model/
     rllib-spear plan configs/spear_qwen2.5_7b_search.yaml --gpu-memory-gb 80
     rllib-spear convert-corpus wiki-18.jsonl.gz data/wiki18.parquet
 
-YAML layout: ``algorithm`` (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), ``stop``
-(Tune stop criteria), optional ``name``, ``storage_path``, ``checkpoint_freq``, ``num_samples``,
-and ``config``: one mapping per AlgorithmConfig builder method (``environment``,
-``env_runners``, ``training``, ``learners``, ``rl_module``, ``debugging``, ``fault_tolerance``...),
-each applied as ``config.<method>(**kwargs)``.
+YAML layout: algorithm (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), stop (Tune stop
+criteria: a result key such as training_iteration, or a metric path such as
+env_runners/success_rate), optional name, storage_path, checkpoint_freq, num_samples, num_cpus,
+and config: one mapping per AlgorithmConfig builder method (environment, env_runners, training,
+learners, rl_module, evaluation, debugging, fault_tolerance, ...), each applied as
+config.<method>(**kwargs). An unknown key anywhere fails at once, naming the closest valid one.
+--set section.key=value overrides a builder setting (training.lr=1e-5), --set key=value a
+top-level one (stop.training_iteration=3). Errors print their message alone; --debug shows the
+traceback.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -26,63 +32,142 @@ from typing import Any
 
 import yaml
 
-__all__ = ["main", "load_experiment", "build_config", "apply_overrides", "quiet_worker_logs"]
+from .config_keys import SHORTHAND_SECTIONS, ConfigKeyError, check_experiment_keys, check_override_keys
+
+__all__ = ["main", "load_experiment", "build_config", "apply_overrides", "quiet_worker_logs", "CLIError"]
+
+
+class CLIError(ValueError):
+    """An error of the user's input (config file, key, value, path): ``main`` prints its
+    message alone, without a traceback (``--debug`` shows it)."""
+
+
+def override_path(key: str) -> list[str]:
+    """The experiment path of a ``--set`` key: builder sections may omit the leading
+    ``config.`` (``training.lr`` -> config.training.lr); a stop metric may be written with dots
+    (``stop.env_runners.success_rate`` -> the Tune key ``env_runners/success_rate``)."""
+    path = key.split(".")
+    if path[0] in SHORTHAND_SECTIONS:
+        path = ["config", *path]
+    if path[0] == "stop" and len(path) > 2:
+        path = ["stop", "/".join(path[1:])]
+    return path
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """(key, value) of a ``key=value`` override, the value parsed as YAML."""
+    if "=" not in item:
+        raise CLIError(f"--set expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads "2e-4" as a string; users mean the number
+            value = float(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def _set_path(exp: dict[str, Any], path: list[str], value: Any, key: str) -> None:
+    node = exp
+    for p in path[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise CLIError(f"--set {key}: {p!r} is not a mapping in the config")
+    node[path[-1]] = value
 
 
 def apply_overrides(exp: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides (value parsed as YAML). Keys under the builder
-    sections may omit the leading ``config.``: ``training.lr=1e-5``."""
-    builder_sections = {"environment", "env_runners", "training", "learners", "rl_module",
-                        "debugging", "fault_tolerance", "resources", "reporting", "evaluation"}
+    """Apply ``key.path=value`` overrides (value parsed as YAML; paths as :func:`override_path`).
+    No key check here: :func:`load_experiment` checks each override against the algorithm."""
     for item in overrides:
-        if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        path = key.split(".")
-        if path[0] in builder_sections:
-            path = ["config", *path]
-        node = exp
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise SystemExit(f"--set {key}: {p!r} is not a mapping in the config")
-        value = yaml.safe_load(raw)
-        if isinstance(value, str):
-            try:  # YAML 1.1 reads "2e-4" as a string; users mean the number
-                value = float(value)
-            except ValueError:
-                pass
-        node[path[-1]] = value
+        key, value = parse_override(item)
+        _set_path(exp, override_path(key), value, key)
     return exp
 
 
-def load_experiment(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
-    with open(path) as f:
-        exp = yaml.safe_load(f) or {}
-    if "algorithm" not in exp:
-        raise SystemExit(f"{path}: missing top-level key 'algorithm' (SPEAR, SPADER, DrBoT, GRPO-LLM)")
-    return apply_overrides(exp, overrides or [])
+def read_experiment(path: str) -> dict[str, Any]:
+    """The mapping of an experiment YAML file; CLIError for a missing, unreadable or non-mapping file."""
+    try:
+        with open(path) as f:
+            exp = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise CLIError(f"{path}: no such config file (the YAML layouts are in configs/)") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise CLIError(f"{path}: cannot read the YAML config: {e}") from None
+    if not isinstance(exp, dict):
+        raise CLIError(f"{path}: the config must be a YAML mapping (algorithm, stop, config, ...), "
+                       f"got a {type(exp).__name__}")
+    return exp
 
 
-def build_config(exp: dict[str, Any]):
-    """The AlgorithmConfig described by an experiment mapping."""
-    import rllib_spear  # noqa: F401  (registers the algorithms)
+def default_config(name: Any) -> Any:
+    """The default config of a registered algorithm (CLIError naming the choices otherwise)."""
+    _load_plugin()
     from rllib_spear.registration import algorithm_classes
 
     classes = algorithm_classes()
-    name = exp["algorithm"]
     if name not in classes:
-        raise SystemExit(f"unknown algorithm {name!r}; choose one of {sorted(classes)}")
-    cfg = classes[name].get_default_config()
-    for section, kwargs in (exp.get("config") or {}).items():
-        method = getattr(cfg, section, None)
-        if method is None or not callable(method):
-            raise SystemExit(f"config section {section!r} is not an AlgorithmConfig builder method")
+        raise CLIError(f"unknown algorithm {name!r}; choose one of {sorted(classes)}")
+    return classes[name].get_default_config()
+
+
+def load_experiment(path: str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The experiment of a YAML file with ``--set`` overrides applied. Every key of the file and
+    of each override is checked against the algorithm (rllib_spear/config_keys.py): a typo is a
+    CLIError naming the key, where it came from and the closest valid ones."""
+    exp = read_experiment(path)
+    if "algorithm" not in exp:
+        raise CLIError(f"{path}: missing top-level key 'algorithm' (SPEAR, SPADER, DrBoT, GRPO-LLM)")
+    config = default_config(exp["algorithm"])
+    try:
+        check_experiment_keys(exp, config)
+    except ConfigKeyError as e:
+        raise CLIError(f"{path}: {e}") from None
+    for item in overrides or []:
+        key, value = parse_override(item)
+        keys = override_path(key)
         try:
-            method(**(kwargs or {}))
+            check_override_keys(keys, value, config)
+        except ConfigKeyError as e:
+            raise CLIError(f"--set {item}: {e}") from None
+        _set_path(exp, keys, value, key)
+    return exp
+
+
+@functools.cache
+def _load_plugin() -> None:
+    """Register the library's algorithms with Tune (once). The rllib-spear process skips the
+    registration at import (rllib_spear/__init__.py: --help stays free of Ray); every command
+    that builds a config or restores a checkpoint comes here first."""
+    from rllib_spear.registration import register_all
+
+    register_all()
+
+
+def build_config(exp: dict[str, Any]) -> Any:
+    """The AlgorithmConfig described by an experiment mapping (its keys checked first)."""
+    cfg = default_config(exp.get("algorithm"))
+    try:
+        check_experiment_keys(exp, cfg)
+    except ConfigKeyError as e:
+        raise CLIError(str(e)) from None
+    for section, kwargs in (exp.get("config") or {}).items():
+        try:
+            getattr(cfg, section)(**(kwargs or {}))
         except TypeError as e:
-            raise SystemExit(f"config.{section}: {e}") from None
+            raise CLIError(f"config.{section}: {e}") from None
     return cfg
+
+
+#: The line RLlib appends to every validation error: a Python-only escape hatch, noise on the CLI.
+_RLLIB_HINT = re.compile(r"\n?To suppress all validation errors, set `config\.experimental\(_validate_config=False\)`"
+                         r" at your own risk\.?")
+
+
+def validation_message(error: Exception) -> str:
+    """A ``validate()`` error without RLlib's ``_validate_config=False`` hint."""
+    return _RLLIB_HINT.sub("", str(error)).strip()
 
 
 _PROGRESS_KEYS = (
@@ -95,6 +180,7 @@ _PROGRESS_KEYS = (
     ("sil_w", ("spear", "sil_weight")),
     ("tool_w", ("spear", "tool_reward_weight")),
     ("replayed", ("spear", "sil_replayed_samples")),
+    ("filtered", ("filters", "any_frac")),
 )
 
 
@@ -107,6 +193,11 @@ def progress_line(result: dict[str, Any]) -> str:
         if isinstance(node, (int, float)):
             parts.append(f"{label} {node:.3f}")
     parts.append(f"time {result.get('time_this_iter_s', 0.0):.1f}s")
+    filters = result.get("filters") if isinstance(result.get("filters"), dict) else {}
+    if filters.get("nearly_all_filtered"):
+        # the run's log says once which filter and which knob (recipe/filters.py)
+        parts.append(f"WARNING: the filters masked {filters.get('any_frac', 1.0):.0%} of the batch, "
+                     "nothing trains (see the warning above)")
     return " | ".join(parts)
 
 
@@ -138,13 +229,16 @@ def _train(args: argparse.Namespace) -> int:
 
     exp = load_experiment(args.config, args.set)
     cfg = build_config(exp)
-    cfg.validate()
     # Resolve an embedded cold start here, in the foreground: a shipped build is a file copy; a
     # build (a recipe with no shipped build) prints its progress on this console and stops on
     # Ctrl-C, instead of running silently inside the trial actor.
     from rllib_spear.coldstart import resolve_model_path
 
-    resolve_model_path(str(cfg.model_config.get("model_path", "")))
+    try:
+        cfg.validate()
+        resolve_model_path(str(cfg.model_config.get("model_path", "")))
+    except ValueError as e:
+        raise CLIError(f"{args.config}: {validation_message(e)}") from e
     stop = exp.get("stop") or {"training_iteration": 10}
     name = exp.get("name") or Path(args.config).stem
     storage = os.path.abspath(exp.get("storage_path") or "results")
@@ -170,6 +264,7 @@ def _train(args: argparse.Namespace) -> int:
     tuner = tune.Tuner(
         exp["algorithm"],
         param_space=cfg,
+        tune_config=tune.TuneConfig(num_samples=int(exp.get("num_samples") or 1)),
         run_config=tune.RunConfig(
             name=name, storage_path=storage, stop=stop, verbose=0, callbacks=[_Progress()],
             checkpoint_config=tune.CheckpointConfig(
@@ -178,15 +273,18 @@ def _train(args: argparse.Namespace) -> int:
         ),
     )
     grid = tuner.fit()
-    res = grid[0]
-    if res.error:
-        print(f"training failed: {res.error}", file=sys.stderr)
+    results = [grid[i] for i in range(len(grid))]
+    failed = [r for r in results if r.error]
+    if failed:
+        print(f"training failed: {failed[0].error}", file=sys.stderr)
         return 1
     if headline:
         print(f"{label} by iterations: " + ", ".join(f"{a}-{b}: {m:.3f}" for a, b, m in block_means(headline)))
-    print(f"done in {time.time() - t0:.0f}s; trial dir: {res.path}")
-    if res.checkpoint:
-        print(f"checkpoint: {res.checkpoint.path}")
+    print(f"done in {time.time() - t0:.0f}s; trial dir{'s' if len(results) > 1 else ''}: "
+          + ", ".join(str(r.path) for r in results))
+    for res in results:
+        if res.checkpoint:
+            print(f"checkpoint: {res.checkpoint.path}")
     print(f"TensorBoard: tensorboard --logdir {storage}/{name}")
     return 0
 
@@ -196,9 +294,17 @@ def _eval(args: argparse.Namespace) -> int:
     ``data_source``, then the unweighted average; columns = the metrics) and, with ``--json``,
     the settings and every metric in a file. Unset options take the checkpoint's
     ``evaluation()`` settings."""
+    from rllib_spear.checkpoint_paths import resolve_checkpoint
+
+    try:  # a trial or experiment folder means its latest checkpoint
+        checkpoint = str(resolve_checkpoint(args.checkpoint))
+    except FileNotFoundError as e:
+        raise CLIError(str(e)) from None
+    if os.path.abspath(checkpoint) != os.path.abspath(args.checkpoint):
+        print(f"checkpoint: {checkpoint}")
     import ray
 
-    import rllib_spear  # noqa: F401
+    _load_plugin()
     from ray.rllib.algorithms.algorithm import Algorithm
     from rllib_spear import GRPOConfig
     from rllib_spear.algorithms.grpo.evaluation import eval_settings, eval_source
@@ -212,7 +318,7 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     if not ray.is_initialized():
         ray.init(include_dashboard=False)
-    algo = Algorithm.from_checkpoint(os.path.abspath(args.checkpoint))
+    algo = Algorithm.from_checkpoint(checkpoint)
     try:
         try:  # bad settings or a dataset that does not load: say so, no traceback
             run = eval_settings(algo.config, **overrides)
@@ -221,7 +327,7 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"eval: {e}", file=sys.stderr)
             return 2
         source = eval_source(algo.config, args.dataset)
-        settings = {"checkpoint": os.path.abspath(args.checkpoint),
+        settings = {"checkpoint": checkpoint,
                     "dataset": str(source) if isinstance(source, (str, os.PathLike)) else type(source).__name__,
                     "split": run.split, "num_tasks": run.num_tasks, "n": run.samples,
                     **run.sampling, "max_new_tokens": run.sampling["max_new_tokens"] or algo.config.max_new_tokens}
@@ -256,9 +362,14 @@ def format_source_table(metrics: dict[str, float]) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from rllib_spear.checkpoint_paths import resolve_checkpoint
     from rllib_spear.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, module_id=args.module_id, dtype=args.dtype)
+    try:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        out = export_checkpoint(checkpoint, args.out, module_id=args.module_id, dtype=args.dtype)
+    except (FileNotFoundError, KeyError) as e:
+        raise CLIError(str(e.args[0] if e.args else e)) from None
     info = json.loads((out / "rllib_spear_export.json").read_text())
     print(f"exported {info['source']} (weights version {info['weights_seq_no']}, {info['dtype']}) to {out}")
     return 0
@@ -266,8 +377,9 @@ def _export(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     """Print the memory plan of a config (rllib_spear/planner.py, docs/memory_planner.md); exit 1
-    when a declared GPU (``learners.gpu_memory_gb``, ``env_runners.engine_gpu_memory_gb`` or
-    ``--gpu-memory-gb``) cannot hold it, 2 when the config is invalid or its model has no shape."""
+    when a declared GPU (learners.gpu_memory_gb, env_runners.engine_gpu_memory_gb or
+    --gpu-memory-gb) or the learner node's host memory (--host-memory-gb) cannot hold it, 2 when
+    the config is invalid or its model has no shape."""
     from rllib_spear import planner
 
     overrides = list(args.set)
@@ -275,16 +387,14 @@ def _plan(args: argparse.Namespace) -> int:
         overrides.append(f"learners.gpu_memory_gb={args.gpu_memory_gb}")
     cfg = build_config(load_experiment(args.config, overrides))
     try:
-        cfg.validate()
+        cfg.validate(check_files=False)  # a plan for another machine's folders
     except ValueError as e:  # a memory-plan refusal is what this command reports below
         if planner.MEMORY_ERROR not in str(e):
-            print(f"{args.config}: {e}", file=sys.stderr)
-            return 2
+            raise CLIError(f"{args.config}: {validation_message(e)}") from e
     try:
-        plan = planner.plan(cfg)
+        plan = planner.plan(cfg, host_memory_gb=args.host_memory_gb)
     except ValueError as e:
-        print(f"{args.config}: {e}", file=sys.stderr)
-        return 2
+        raise CLIError(f"{args.config}: {e}") from e
     print(f"memory plan of {args.config} (GiB = 2^30 bytes)")
     print(plan.format())
     return 1 if plan.fits is False else 0
@@ -311,17 +421,39 @@ def _convert_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def package_version() -> str:
+    """The installed distribution's version (the package's own when run from a source tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rllib-spear")
+    except PackageNotFoundError:
+        from rllib_spear import __version__
+
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser. Building it imports nothing heavy: --help and --version answer
+    without loading Ray or torch (each command imports what it needs when it runs)."""
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an error instead of its message alone")
     parser = argparse.ArgumentParser(prog="rllib-spear", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="show the full traceback of an error instead of its message alone")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("train", help="train from a YAML config on Tune")
-    p.add_argument("config")
+    p = sub.add_parser("train", parents=[debug], help="train from a YAML config on Tune")
+    p.add_argument("config", help="the experiment YAML (configs/*.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. training.lr=1e-5 or stop.training_iteration=3")
     p.set_defaults(func=_train)
-    e = sub.add_parser("eval", help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")
-    e.add_argument("checkpoint")
+    e = sub.add_parser("eval", parents=[debug],
+                       help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")
+    e.add_argument("checkpoint", help="a checkpoint_NNNNNN folder, a Tune trial folder (its latest checkpoint) "
+                                      "or an experiment folder with one trial")
     e.add_argument("--dataset", default=None,
                    help="parquet / JSONL / JSON file or folder in any layout of docs/data_formats.md (Search-R1, "
                         "AIME, QAMPARI, ...), or a default-dataset name (default: the config's eval_dataset, "
@@ -337,21 +469,29 @@ def main(argv: list[str] | None = None) -> int:
                    help="tokens per turn (default: evaluation.eval_max_new_tokens, else the training value)")
     e.add_argument("--json", default=None, help="also write the settings and every metric to this JSON file")
     e.set_defaults(func=_eval)
-    x = sub.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
-    x.add_argument("checkpoint")
-    x.add_argument("out")
+    x = sub.add_parser("export", parents=[debug], help="write a checkpoint's policy as a Hugging Face model folder")
+    x.add_argument("checkpoint", help="a checkpoint_NNNNNN folder, a Tune trial folder (its latest checkpoint) "
+                                      "or an experiment folder with one trial")
+    x.add_argument("out", help="the folder to write (save_pretrained layout plus rllib_spear_export.json)")
     x.add_argument("--module-id", default="default_policy")
     x.add_argument("--dtype", default=None, help="bfloat16 / float16 / float32 (default: the master dtype)")
     x.set_defaults(func=_export)
-    m = sub.add_parser("plan", help="print the GPU memory plan of a YAML config (exit 1: it does not fit)")
+    m = sub.add_parser("plan", parents=[debug],
+                       help="print the memory plan of a YAML config (exit 1: it does not fit)")
     m.add_argument("config")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. learners.num_learners=8")
     m.add_argument("--gpu-memory-gb", type=float, default=None,
                    help="memory of one learner GPU in GiB (learners.gpu_memory_gb; engines too unless "
                         "env_runners.engine_gpu_memory_gb is set)")
+    m.add_argument("--host-memory-gb", type=float, default=DEFAULT_HOST_MEMORY_GB,
+                   help="host RAM of one learner node in GiB: with cpu_offload the node's learner ranks keep "
+                        "their shards, gradients and AdamW state in pinned host memory, which must fit in it "
+                        f"(default {DEFAULT_HOST_MEMORY_GB:g}: the 2 TB of an 8-GPU H100/H200 node such as a "
+                        "DGX H100/H200)")
     m.set_defaults(func=_plan)
-    c = sub.add_parser("convert-corpus", help="stream a wiki-18 JSONL (.jsonl or .jsonl.gz) into a corpus parquet")
+    c = sub.add_parser("convert-corpus", parents=[debug],
+                       help="stream a wiki-18 JSONL (.jsonl or .jsonl.gz) into a corpus parquet")
     c.add_argument("src", help="JSONL: {\"id\", \"contents\": \"\\\"Title\\\"\\ntext\"} (wiki-18) or {\"id\", \"title\", \"text\"}")
     c.add_argument("out", help="the corpus parquet to write (columns id, title, text)")
     c.add_argument("--limit", type=int, default=None, help="stop after N passages (a sample)")
@@ -359,8 +499,25 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--row-group-size", type=int, default=1024, help="rows per parquet row group (default 1024)")
     c.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines (0: none)")
     c.set_defaults(func=_convert_corpus)
-    args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    return parser
+
+
+#: Host RAM of one learner node assumed by ``plan`` (GiB): an 8x H100 / H200 node (DGX H100 /
+#: H200) has 2 TB.
+DEFAULT_HOST_MEMORY_GB = 2048.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The rllib-spear command. Exit 0 on success, 1 when a plan does not fit or training failed,
+    2 on a user error (its message printed alone; --debug raises it with the traceback)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CLIError, ConfigKeyError) as e:
+        if args.debug:
+            raise
+        print(f"rllib-spear {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

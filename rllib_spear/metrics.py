@@ -11,8 +11,8 @@ import numpy as np
 
 from .core.trajectory import Trajectory
 
-__all__ = ["rollout_metrics", "task_metrics", "pass_at_k", "pass_at_k_values", "source_name", "source_table",
-           "AVERAGE_SOURCE"]
+__all__ = ["rollout_metrics", "reward_component_key", "task_metrics", "pass_at_k", "pass_at_k_values",
+           "source_name", "source_table", "AVERAGE_SOURCE"]
 
 _OPTIONAL_MEANS = ("em", "f1", "precision", "recall", "correct")
 
@@ -21,12 +21,20 @@ def _mean(xs: Sequence[float]) -> float:
     return float(np.mean(xs)) if len(xs) else 0.0
 
 
+def reward_component_key(component: str) -> str:
+    """The metric of a named reward component: ``reward_<component>_mean``; a namespaced one (a
+    user reward function's ``reward_fns/<name>``, recipe/rewards.py) keeps its namespace as the
+    prefix, ``reward_fns/<name>_mean`` (reported as ``env_runners/reward_fns/<name>_mean``)."""
+    return f"{component}_mean" if "/" in component else f"reward_{component}_mean"
+
+
 def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str, Any]] = (),
                     expected_version: int | None = None) -> dict[str, float]:
     """Means over the iteration's trajectories plus runner throughput.
 
     reward_total_mean = mean R_i (outcome + every named component + step rewards);
-    reward_<component>_mean for each named component; success_rate; em/f1/precision/recall
+    :func:`reward_component_key` for each named component (reward_tool_bonus_mean, and
+    reward_fns/<name>_mean for a user reward function); success_rate; em/f1/precision/recall
     means when the environment reports them; tool_call_rate = fraction of episodes with at
     least one tool call; tool_calls_per_episode; turns_mean; response_length_mean (tokens after
     the prompt); truncation_rate; rollout_error_rate (fraction of episodes ended by an exception
@@ -42,7 +50,7 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     out["reward_outcome_mean"] = _mean([t.outcome_reward for t in trajs])
     comps = sorted({k for t in trajs for k in t.rewards})
     for k in comps:
-        out[f"reward_{k}_mean"] = _mean([t.rewards.get(k, 0.0) for t in trajs])
+        out[reward_component_key(k)] = _mean([t.rewards.get(k, 0.0) for t in trajs])
     if any(t.step_rewards and any(t.step_rewards) for t in trajs):
         out["reward_step_sum_mean"] = _mean([float(sum(t.step_rewards)) for t in trajs])
     stats = [t.require_stats("rollout_metrics") for t in trajs]

@@ -30,7 +30,7 @@ s = ``num_learners`` under "fsdp" (1 under "ddp")::
            + max(gathered + autocast copy + activations, step temp) + allowance
 
 ``cpu_offload`` moves parameters, gradients, AdamW state and the step to CPU RAM (reported per
-node). Per engine GPU (vLLM): weights P * b / tp; KV cache = gpu_memory_utilization * G - weights -
+node, pinned; ``rllib-spear plan --host-memory-gb`` checks it against a node's RAM). Per engine GPU (vLLM): weights P * b / tp; KV cache = gpu_memory_utilization * G - weights -
 the profile-run reserve, at 2 * layers * kv_heads/tp * head_dim * b bytes per token.
 """
 from __future__ import annotations
@@ -90,25 +90,35 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     learner_on_gpu: bool = True
     chunk_size: int | None = None
+    host_memory_gb: float | None = None  # host RAM of one learner node (GiB); None = not checked
 
     @property
     def learner_fits(self) -> bool | None:
         return self.learner.fits(self.gpu_memory_gb) if self.learner_on_gpu else None
 
     @property
+    def host_fits(self) -> bool | None:
+        """Whether the pinned CPU RAM of ``cpu_offload`` fits in a learner node's host memory
+        (None when nothing is offloaded or no host memory is declared)."""
+        return self.learner.host_fits(self.host_memory_gb)
+
+    @property
     def fits(self) -> bool | None:
-        """False when a declared GPU cannot hold it, True when every declared one can, None when
-        no GPU memory is declared."""
-        verdicts = [v for v in (self.learner_fits, self.engine.fits if self.engine else None) if v is not None]
+        """False when a declared GPU or the declared host memory cannot hold it, True when every
+        declared one can, None when no memory is declared."""
+        verdicts = [v for v in (self.learner_fits, self.engine.fits if self.engine else None, self.host_fits)
+                    if v is not None]
         return None if not verdicts else all(verdicts)
 
     def problems(self) -> list[str]:
         """One message per part that does not fit, naming what to change."""
-        from .planner_report import engine_fixes, learner_fixes
+        from .planner_report import engine_fixes, host_fixes, learner_fixes
 
         out = []
         if self.learner_fits is False:
             out.append(learner_fixes(self))
+        if self.host_fits is False:
+            out.append(host_fixes(self))
         if self.engine is not None and self.engine.fits is False:
             out.append(engine_fixes(self))
         return out
@@ -122,15 +132,17 @@ class MemoryPlan:
 def plan_memory(shape: ModelShape, layout: LearnerLayout, *, micro_batch_token_budget: int, max_model_len: int,
                 gpu_memory_gb: float | None = None, engine: EngineLayout | None = None,
                 engine_gpu_memory_gb: float | None = None, chunk_size: int | None = None,
-                model_source: str = "", learner_on_gpu: bool = True) -> MemoryPlan:
-    """Plan ``layout`` and its alternatives (``alternative_layouts``) and the engine."""
+                model_source: str = "", learner_on_gpu: bool = True,
+                host_memory_gb: float | None = None) -> MemoryPlan:
+    """Plan ``layout`` and its alternatives (``alternative_layouts``) and the engine;
+    ``host_memory_gb``: a learner node's RAM, checked against the pinned state of ``cpu_offload``."""
     kw = dict(micro_batch_token_budget=micro_batch_token_budget, max_model_len=max_model_len, chunk_size=chunk_size)
     chosen = plan_learner(shape, layout, **kw)
     alts = [chosen] + [plan_learner(shape, alt, **kw) for alt in alternative_layouts(layout)[1:]]
     eng_gib = engine_gpu_memory_gb if engine_gpu_memory_gb is not None else gpu_memory_gb
     eplan = plan_engine(shape, engine, eng_gib) if engine is not None else None
     return MemoryPlan(shape, model_source, chosen, alts, eplan, gpu_memory_gb, eng_gib, max_model_len,
-                      learner_on_gpu=learner_on_gpu, chunk_size=chunk_size)
+                      learner_on_gpu=learner_on_gpu, chunk_size=chunk_size, host_memory_gb=host_memory_gb)
 
 
 def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
@@ -176,9 +188,11 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
     return layout, engine, extras
 
 
-def plan(config: Any) -> MemoryPlan:
+def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
     """The memory plan of a GRPOConfig (or SPEAR/SPADER config): its model (``model_config_for``),
-    ``learners()``, ``env_runners()`` and ``training(micro_batch_token_budget)``."""
+    ``learners()``, ``env_runners()`` and ``training(micro_batch_token_budget)``; with
+    ``host_memory_gb`` (``rllib-spear plan --host-memory-gb``), the verdict also checks the pinned
+    CPU RAM of ``cpu_offload`` per learner node against it."""
     from .coldstart.lookup import resolve_model_path  # "embedded": the shipped cold start's config.json
 
     mc = dict(config.model_config or {})
@@ -190,7 +204,7 @@ def plan(config: Any) -> MemoryPlan:
     out = plan_memory(shape, layout, micro_batch_token_budget=int(config.micro_batch_token_budget),
                       max_model_len=int(config.max_model_len), gpu_memory_gb=gpu, engine=engine,
                       engine_gpu_memory_gb=eng_gpu, chunk_size=extras["chunk_size"], model_source=source,
-                      learner_on_gpu=extras["learner_on_gpu"])
+                      learner_on_gpu=extras["learner_on_gpu"], host_memory_gb=host_memory_gb)
     if engine.engine == "vllm" and engine.gpus_per_runner and engine.tensor_parallel > engine.gpus_per_runner:
         out.notes.append(f"tensor_parallel_size={engine.tensor_parallel} needs num_gpus_per_env_runner="
                          f"{engine.tensor_parallel} (got {engine.gpus_per_runner:g})")

@@ -2,14 +2,15 @@
 does not fit (``rllib_spear.planner``). Pure Python."""
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Callable
 
-from .planner import GIB, OVERHEAD_GIB, EnginePlan, LearnerLayout, LearnerPlan, plan_engine, plan_learner
+from .planner import GIB, GPUS_PER_NODE, OVERHEAD_GIB, EnginePlan, LearnerLayout, LearnerPlan, plan_engine, plan_learner
 
 if TYPE_CHECKING:
     from .planner import MemoryPlan
 
-__all__ = ["format_plan", "learner_fixes", "engine_fixes"]
+__all__ = ["format_plan", "learner_fixes", "engine_fixes", "host_fixes", "set_form"]
 
 
 def _g(b: float) -> str:
@@ -122,26 +123,67 @@ def format_plan(p: "MemoryPlan") -> str:
     for n in p.notes:
         lines.append(f"note: {n}")
     lines.append("")
-    g = p.gpu_memory_gb
-    if g is None and p.engine_gpu_memory_gb is None:
-        lines.append("verdict: no GPU memory declared (set .learners(gpu_memory_gb=...) or --gpu-memory-gb)")
-    else:
-        parts = []
-        if p.learner_fits is not None:
-            parts.append(f"learner {_g(lp.total)} of {g:g} GiB: {_verdict(p.learner_fits)}")
-        if p.engine is not None and p.engine.fits is not None:
-            e = p.engine
-            what = (f"{e.sequences} sequences of {p.max_model_len} tokens in the KV cache" if e.layout.engine == "vllm"
-                    else f"weights {_g(e.weights)} GiB")
-            parts.append(f"engine {what} on {e.gpu_gib:g} GiB: {_verdict(e.fits)}")
-        lines.append(f"verdict: {_verdict(p.fits)} ({'; '.join(parts)})")
-        lines += [f"  {m}" for m in p.problems()]
+    lines += _verdict_lines(p)
     return "\n".join(x for x in lines if x is not None)
 
 
+def _verdict_lines(p: "MemoryPlan") -> list[str]:
+    """The verdict: each declared memory (learner GPU, engine GPU, learner node's host RAM) and
+    whether the plan fits in it, then what to change for each part that does not."""
+    lp, g = p.learner, p.gpu_memory_gb
+    parts = []
+    if p.learner_fits is not None:
+        parts.append(f"learner {_g(lp.total)} of {g:g} GiB: {_verdict(p.learner_fits)}")
+    if p.engine is not None and p.engine.fits is not None:
+        e = p.engine
+        what = (f"{e.sequences} sequences of {p.max_model_len} tokens in the KV cache" if e.layout.engine == "vllm"
+                else f"weights {_g(e.weights)} GiB")
+        parts.append(f"engine {what} on {e.gpu_gib:g} GiB: {_verdict(e.fits)}")
+    if p.host_fits is not None:
+        parts.append(f"learner node host memory {_g(lp.cpu_ram_per_node)} GiB pinned (cpu_offload) of "
+                     f"{p.host_memory_gb:g} GiB: {_verdict(p.host_fits)}")
+    no_gpu = g is None and p.engine_gpu_memory_gb is None
+    if not parts:
+        return ["verdict: no GPU memory declared (set .learners(gpu_memory_gb=...) or --gpu-memory-gb)"]
+    if no_gpu:
+        parts.append("no GPU memory declared (--gpu-memory-gb)")
+    return [f"verdict: {_verdict(p.fits)} ({'; '.join(parts)})"] + [f"  {m}" for m in p.problems()]
+
+
 # ---------------------------------------------------------------------- fixes
+def _set_value(v: object) -> str:
+    """A value as a ``--set`` writes it (YAML: true / false, JSON for a mapping, quoted for the shell)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, dict):
+        return "'" + json.dumps(v) + "'"
+    return str(v)
+
+
+def set_form(section: str, kw: dict) -> str:
+    """The ``rllib-spear`` flags of a builder call: ``--set learners.sharding=fsdp ...`` (a
+    nested mapping becomes one flag per leaf: ``engine_kwargs.tensor_parallel_size=4``)."""
+    flags = []
+    for k, v in kw.items():
+        if isinstance(v, dict) and k in _NESTED_SET:
+            flags += [f"--set {section}.{k}.{kk}={_set_value(vv)}" for kk, vv in v.items()]
+        else:
+            flags.append(f"--set {section}.{k}={_set_value(v)}")
+    return " ".join(flags)
+
+
+#: Builder kwargs whose mappings a fix changes one key of (the rest of the mapping stays).
+_NESTED_SET = ("engine_kwargs", "model_config")
+
+
+def _call(section: str, kw: dict) -> str:
+    """A fix in both forms: the Python builder call and the ``rllib-spear`` flags."""
+    args = ", ".join(f"{k}={v!r}".replace("'", '"') for k, v in kw.items())
+    return f".{section}({args}) ({set_form(section, kw)})"
+
+
 def _learners_call(kw: dict) -> str:
-    return ".learners(" + ", ".join(f"{k}={v!r}".replace("'", '"') for k, v in kw.items()) + ")"
+    return _call("learners", kw)
 
 
 def learner_fixes(p: "MemoryPlan") -> str:
@@ -190,12 +232,13 @@ def learner_fixes(p: "MemoryPlan") -> str:
     b = budget // 2
     while b >= 256:
         if run(lay, b).fits(g):
-            cands.append((f".training(micro_batch_token_budget={b})", lambda b=b: run(lay, b)))
+            cands.append((_call("training", {"micro_batch_token_budget": b}), lambda b=b: run(lay, b)))
             break
         b //= 2
     if not lay.lora:
         lora = {"r": 64, "target_modules": "all-linear"}
-        cands.append(('.rl_module(model_config={..., "lora": {"r": 64, "target_modules": "all-linear"}})',
+        cands.append(('.rl_module(model_config={..., "lora": {"r": 64, "target_modules": "all-linear"}}) ('
+                      + set_form("rl_module", {"model_config": {"lora": lora}}) + ")",
                       lambda: run(lay.replace(lora=lora))))
     fitting, closest = [], None
     for text, f in cands:
@@ -224,7 +267,8 @@ def engine_fixes(p: "MemoryPlan") -> str:
     lay = e.layout
     if lay.engine != "vllm":
         return (f"the {lay.engine} engine's weights ({_g(e.weights)} GiB + {OVERHEAD_GIB:g} GiB allowance) exceed "
-                f"engine_gpu_memory_gb={e.gpu_gib:g}: use engine='vllm' with engine_kwargs tensor_parallel_size")
+                f"engine_gpu_memory_gb={e.gpu_gib:g}: use engine='vllm' with engine_kwargs tensor_parallel_size "
+                f"(--set env_runners.engine=vllm --set env_runners.engine_kwargs.tensor_parallel_size=N)")
     msg = (f"the engine GPU holds weights {_g(e.weights)} GiB + reserve {_g(e.reserve)} GiB, leaving "
            f"{_g(max(0, e.kv_bytes))} GiB of gpu_memory_utilization={lay.gpu_memory_utilization:g} x {e.gpu_gib:g} GiB "
            f"for the KV cache: {e.kv_tokens:,} tokens, fewer than one max_model_len={lay.max_model_len} sequence.")
@@ -233,15 +277,51 @@ def engine_fixes(p: "MemoryPlan") -> str:
         if tp > lay.tensor_parallel:
             c = plan_engine(p.shape, lay.replace(tensor_parallel=tp, gpus_per_runner=tp), e.gpu_gib)
             if c.fits:
-                fixes.append(f'.env_runners(num_gpus_per_env_runner={tp}, engine_kwargs={{..., "tensor_parallel_size": {tp}}}): '
-                             f"{c.kv_tokens:,} KV tokens = {c.sequences} sequences")
+                flags = set_form("env_runners", {"num_gpus_per_env_runner": tp,
+                                                 "engine_kwargs": {"tensor_parallel_size": tp}})
+                call = f'.env_runners(num_gpus_per_env_runner={tp}, engine_kwargs={{..., "tensor_parallel_size": {tp}}})'
+                fixes.append(f"{call} ({flags}): {c.kv_tokens:,} KV tokens = {c.sequences} sequences")
                 break
     for u in (0.9, 0.95):
         if u > lay.gpu_memory_utilization:
             c = plan_engine(p.shape, lay.replace(gpu_memory_utilization=u), e.gpu_gib)
             if c.fits:
-                fixes.append(f'engine_kwargs "gpu_memory_utilization": {u}: {c.kv_tokens:,} KV tokens = {c.sequences} sequences')
+                flags = set_form("env_runners", {"engine_kwargs": {"gpu_memory_utilization": u}})
+                fixes.append(f'engine_kwargs "gpu_memory_utilization": {u} ({flags}): {c.kv_tokens:,} KV tokens = '
+                             f"{c.sequences} sequences")
                 break
     if e.kv_tokens and e.kv_tokens >= 1024:
-        fixes.append(f".env_runners(max_model_len={e.kv_tokens // 256 * 256}) (the most the KV cache holds)")
+        longest = e.kv_tokens // 256 * 256
+        fixes.append(_call("env_runners", {"max_model_len": longest}) + " (the most the KV cache holds)")
     return msg + (" Changes that fit:\n  - " + "\n  - ".join(fixes) if fixes else " No single change fits.")
+
+
+def host_fixes(p: "MemoryPlan") -> str:
+    """The host part of the verdict: the pinned ``cpu_offload`` state of a learner node exceeds
+    ``host_memory_gb``; more learners (FSDP shards the state over every rank, 8 per node), or no
+    offload with the fewest learner GPUs that hold the state."""
+    lp, h, g = p.learner, p.host_memory_gb, p.gpu_memory_gb
+    lay = lp.layout
+
+    def run(layout: LearnerLayout) -> LearnerPlan:
+        return plan_learner(p.shape, layout, micro_batch_token_budget=lp.micro_batch_token_budget,
+                            max_model_len=p.max_model_len, chunk_size=p.chunk_size)
+
+    msg = (f"the learner node needs {_g(lp.cpu_ram_per_node)} GiB of pinned host memory for cpu_offload "
+           f"({_g(lp.cpu_ram_per_rank)} GiB per rank x {min(lay.ranks, GPUS_PER_NODE)} ranks: float32 shards, "
+           f"gradients and AdamW state), more than host_memory_gb={h:g} (--host-memory-gb).")
+    fixes = []
+    for n in (16, 32, 64, 128):
+        c = run(lay.replace(num_learners=n))
+        if n > lay.ranks and c.host_fits(h):
+            fixes.append(f"{_learners_call({'num_learners': n})}: {_g(c.cpu_ram_per_node)} GiB per node "
+                         f"over {-(-n // GPUS_PER_NODE)} nodes")
+            break
+    for n in (8, 16, 32, 64, 128):
+        c = run(lay.replace(num_learners=n, cpu_offload=False))
+        if n >= lay.ranks and g is not None and c.fits(g):
+            fixes.append(f"{_learners_call({'num_learners': n, 'cpu_offload': False})}: "
+                         f"{_g(c.total)} GiB per learner GPU, nothing pinned")
+            break
+    fixes.append("--host-memory-gb <RAM of your learner node in GiB> when it has more")
+    return msg + " Changes that fit:\n  - " + "\n  - ".join(fixes)

@@ -27,7 +27,7 @@ def model_path_fix(path: str) -> str:
     """How to turn ``path`` into a local folder (the download command and the override)."""
     name = str(path).rstrip("/").rsplit("/", 1)[-1] or "model"
     repo = path if looks_like_hub_id(path) else f"<owner>/{name}"
-    return (f"nothing is downloaded: put the model in a local folder first (e.g. `huggingface-cli download "
+    return (f"nothing is downloaded: put the model in a local folder first (e.g. `hf download "
             f"{repo} --local-dir /models/{name}`) and point rl_module.model_config.model_path at it "
             f"(--set rl_module.model_config.model_path=/models/{name})")
 

@@ -175,6 +175,13 @@ class LearnerPlan:
     def fits(self, gpu_gib: float | None) -> bool | None:
         return None if gpu_gib is None else _gib(self.total) <= gpu_gib
 
+    def host_fits(self, host_gib: float | None) -> bool | None:
+        """Whether a node's pinned ``cpu_offload`` state fits in ``host_gib`` of host RAM (None
+        when nothing is offloaded or no host memory is given)."""
+        if host_gib is None or not self.cpu_ram_per_node:
+            return None
+        return _gib(self.cpu_ram_per_node) <= host_gib
+
 
 def plan_learner(shape: ModelShape, layout: LearnerLayout, *, micro_batch_token_budget: int, max_model_len: int,
                  chunk_size: int | None = None, gpus_per_node: int = GPUS_PER_NODE) -> LearnerPlan:

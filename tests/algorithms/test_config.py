@@ -95,7 +95,7 @@ def test_embedded_task_cold_start_with_another_call_format_warns(caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         config(task_policy_env_config("multi_answer_search")).validate()
-        SPADERConfig().rl_module(model_config={"model_path": "/some/model"}).validate()
+        SPADERConfig().rl_module(model_config={"model_path": "embedded"}).validate()
     assert "parser" not in caplog.text
 
 
@@ -113,14 +113,14 @@ def test_embedded_task_cold_start_with_another_call_format_warns(caplog):
 def test_validate_runs_the_core_loss_checks_on_both_losses(cls, kwargs, key):
     """validate() checks with the core PolicyLossConfig.validate() (on-policy and replay loss), and
     the message names the training() kwarg to change."""
-    cfg = cls().training(**kwargs).rl_module(model_config={"model_path": "/m"})
+    cfg = cls().training(**kwargs).rl_module(model_config={"model_path": "embedded"})
     with pytest.raises(ValueError, match=f"`{key}`"):
         cfg.validate()
 
 
 def test_tis_cap_can_be_switched_off_on_every_engine():
     for engine in ("hf", "vllm"):
-        cfg = SPEARConfig().env_runners(engine=engine).training(tis_cap=0).rl_module(model_config={"model_path": "/m"})
+        cfg = SPEARConfig().env_runners(engine=engine).training(tis_cap=0).rl_module(model_config={"model_path": "embedded"})
         cfg.validate()
         assert cfg.policy_loss_config().tis_cap is None
     auto = SPEARConfig().env_runners(engine="vllm")
@@ -141,9 +141,9 @@ def test_one_dtype_table_for_learner_and_engines():
     assert rl_module.torch_dtype is dtypes.torch_dtype and hf_engine.torch_dtype is dtypes.torch_dtype
     with pytest.raises(ValueError, match="bfloat16"):
         dtypes.torch_dtype("int8")
-    SPEARConfig().rl_module(model_config={"model_path": "/m", "dtype": "bf16"}).validate()
+    SPEARConfig().rl_module(model_config={"model_path": "embedded", "dtype": "bf16"}).validate()
     with pytest.raises(ValueError, match="model_config\\['dtype'\\]"):
-        SPEARConfig().rl_module(model_config={"model_path": "/m", "dtype": "fp8"}).validate()
+        SPEARConfig().rl_module(model_config={"model_path": "embedded", "dtype": "fp8"}).validate()
 
 
 def test_rl_module_loads_bf16_by_its_short_name(tmp_path):
@@ -199,3 +199,26 @@ def test_bf16_master_weights_warn_with_the_measured_effect(caplog):
         cfg.validate()
     text = caplog.text
     assert "mixed_precision='bf16'" in text and "2.1%" in text and "benchmarks/master_weights.py" in text
+
+
+def test_negative_entropy_coeff_is_refused_before_the_first_update():
+    with pytest.raises(ValueError, match="entropy_coeff.*>= 0"):
+        SPEARConfig().training(entropy_coeff=-0.01).validate()
+    SPEARConfig().training(entropy_coeff=0.0).validate()
+
+
+def test_model_config_temperature_must_agree_with_temperature():
+    """The learner scored under model_config['temperature'] while the engine and the reference
+    model used `temperature`: one source of truth."""
+    cfg = SPEARConfig().rl_module(model_config={"model_path": "embedded", "temperature": 0.7})
+    with pytest.raises(ValueError, match=r"model_config\['temperature'\].*env_runners\(temperature"):
+        cfg.validate()
+    SPEARConfig().env_runners(temperature=0.7).validate()  # the scoring temperature follows it
+    assert SPEARConfig().env_runners(temperature=0.7).model_config["temperature"] == 0.7
+
+
+def test_lr_warmup_with_an_lr_schedule_is_refused_not_dropped():
+    cfg = SPADERConfig().training(lr=[[0, 1e-5], [100, 1e-6]])  # SPADER warms up 10 steps by default
+    with pytest.raises(ValueError, match="lr_warmup_steps.*schedule"):
+        cfg.validate()
+    SPADERConfig().training(lr=[[0, 1e-5], [100, 1e-6]], lr_warmup_steps=0).validate()

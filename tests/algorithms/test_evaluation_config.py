@@ -93,10 +93,10 @@ def test_eval_settings_refuse_bad_values(overrides, match):
 def test_eval_source_and_labels(tmp_path):
     cfg = GRPOConfig()
     assert eval_source(cfg) == "search_qa"
-    cfg.environment(dataset="train.parquet")
-    assert eval_source(cfg) == "train.parquet"
-    cfg.environment(eval_dataset="bamboogle.parquet")
-    assert eval_source(cfg) == "bamboogle.parquet" and eval_source(cfg, "x.parquet") == "x.parquet"
+    cfg.environment(dataset="/data/train.parquet")
+    assert eval_source(cfg) == "/data/train.parquet"
+    cfg.environment(eval_dataset="/data/bamboogle.parquet")
+    assert eval_source(cfg) == "/data/bamboogle.parquet" and eval_source(cfg, "x.parquet") == "x.parquet"
     assert dataset_label("/data/bamboogle.parquet") == "bamboogle"
     assert dataset_label(tmp_path / "nq") == "nq"
     assert dataset_label({"path": "/data/aime_2025.parquet", "dataset_format": "aime25"}) == "aime_2025"

@@ -179,7 +179,7 @@ def test_sampling_seeds_follow_the_draw_not_the_runner_call_count():
 
 def test_config_knobs():
     def cfg(**kw):
-        return GRPOConfig().rl_module(model_config={"model_path": "/m"}).training(**kw)
+        return GRPOConfig().rl_module(model_config={"model_path": "embedded"}).training(**kw)
 
     base = cfg()
     assert base.rollout_pipeline == "sync" and base.max_policy_lag == 1

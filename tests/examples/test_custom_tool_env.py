@@ -40,6 +40,6 @@ def test_example_trains_with_the_env_given_as(ray_session, env_as, tasks, tmp_pa
         assert m["num_episodes"] == 8  # 2 tasks x group_size 4, sampled by the two remote runners
         # The user reward ran on every episode: tidy_answer reads stats.extra["tool_errors"] and
         # ["answer"], keys only FunctionToolEnv's stats have (another env's episode would stop the run).
-        assert "reward_reward_fns/tidy_answer_mean" in m, sorted(m)
-        assert -1.0 <= m["reward_reward_fns/tidy_answer_mean"] <= 0.1
+        assert "reward_fns/tidy_answer_mean" in m, sorted(m)
+        assert -1.0 <= m["reward_fns/tidy_answer_mean"] <= 0.1
         assert "em_mean" in m and "tool_calls_per_episode" in m  # the env's exact-match score and counters

@@ -41,3 +41,12 @@ def test_the_algorithm_warns_once_per_run_and_logs_every_iteration(caplog):
     assert algo.metrics.peek(("filters", "nearly_all_filtered")) == 1.0
     GRPO._warn_if_filtered_out(algo, {"incomplete": 0.1, "any": 0.1})
     assert algo.metrics.peek(("filters", "nearly_all_filtered")) == 0.0
+
+
+def test_the_iteration_line_shows_the_filtered_share_and_the_warning():
+    from rllib_spear.cli import progress_line
+
+    line = progress_line({"training_iteration": 3, "filters": {"any_frac": 0.25, "nearly_all_filtered": 0.0}})
+    assert "filtered 0.250" in line and "WARNING" not in line
+    line = progress_line({"training_iteration": 4, "filters": {"any_frac": 1.0, "nearly_all_filtered": 1.0}})
+    assert "filtered 1.000" in line and "WARNING: the filters masked 100% of the batch" in line

@@ -25,6 +25,7 @@ from .defaults import (  # noqa: F401  (re-exported: the tables are part of the 
     MIXED_PRECISION, PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE, SAMPLING_DEFAULTS, SHARDING_STRATEGIES,
     training_defaults,
 )
+from .config_paths import absolute_dataset, absolute_env_config, absolute_model_config, missing_files
 from .layout_checks import check_learner_layout
 
 
@@ -79,9 +80,15 @@ class GRPOConfig(AlgorithmConfig):
     # ------------------------------------------------------------------ builder methods
     def training(self, **kwargs: Any) -> "GRPOConfig":
         """RLlib's ``training()`` plus every knob of ``training_defaults()``: GRPO's, SIL's, and
-        those of every registered recipe piece (estimators, reward shapers, filters)."""
+        those of every registered recipe piece (estimators, reward shapers, filters). An unknown
+        key is a TypeError naming it and the closest valid ones (``group_szie`` -> ``group_size``)."""
+        from ...config_keys import check_kwargs, explicit_params
+
         keys = self.training_keys()
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in keys}
+        rllib_keys, rllib_var_kw = explicit_params(super().training)
+        if not rllib_var_kw:  # RLlib's own error would name the key without the suggestion
+            check_kwargs(f"{type(self).__name__}.training()", kwargs, keys | rllib_keys)
         super().training(**kwargs)
         for k, v in own.items():
             if v is not NotProvided:
@@ -192,16 +199,24 @@ class GRPOConfig(AlgorithmConfig):
         for your own env). Example: examples/custom_tool_env.py."""
         if env is not NotProvided:
             self.env = env
+        # relative paths mean what they meant here, not in a trial actor's folder (config_paths.py)
         if dataset is not NotProvided:
-            self.dataset = dataset
+            self.dataset = absolute_dataset(dataset)
         if eval_dataset is not NotProvided:
-            self.eval_dataset = eval_dataset
+            self.eval_dataset = absolute_dataset(eval_dataset)
         if "env_config" in kwargs and kwargs["env_config"] is not NotProvided:
-            self.env_config = dict(kwargs.pop("env_config"))
+            self.env_config = absolute_env_config(dict(kwargs.pop("env_config")))
         rest = {k: v for k, v in kwargs.items() if v is not NotProvided}
         if rest:
             super().environment(**rest)
         return self
+
+    def rl_module(self, **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``rl_module()``; a relative ``model_config['model_path']`` folder is made
+        absolute here, against the working directory the config is built in (config_paths.py)."""
+        if isinstance(kwargs.get("model_config"), dict):
+            kwargs["model_config"] = absolute_model_config(kwargs["model_config"])
+        return super().rl_module(**kwargs)
 
     # ------------------------------------------------------------------ derived values
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
@@ -272,7 +287,11 @@ class GRPOConfig(AlgorithmConfig):
     def _model_config_auto_includes(self) -> dict[str, Any]:
         return {"temperature": self.temperature}
 
-    def validate(self) -> None:
+    def validate(self, *, check_files: bool = True) -> None:
+        """RLlib's checks and ours, each error naming the key and the fix. ``check_files``: the
+        dataset, eval dataset, env_config paths and model folder must exist here (before any
+        actor starts); ``False`` checks a config meant for another machine (``rllib-spear plan``,
+        the recipes' tests)."""
         # These algorithms exist only on RLlib's new API stack: its "you are running X on the new
         # API stack" notice (once per process: driver, every runner and learner) says nothing here.
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
@@ -319,12 +338,26 @@ class GRPOConfig(AlgorithmConfig):
         resolve_runner_gpus(self, err)
         if self.temperature <= 0:
             err(f"`temperature` must be > 0, got {self.temperature!r}")
+        scoring_t = (self._model_config or {}).get("temperature", self.temperature)
+        if scoring_t != self.temperature:
+            # The learner scores under model_config's temperature, the engine samples and the
+            # reference model scores under `temperature`: the PPO ratio would start off 1.
+            err(f"`model_config['temperature']` ({scoring_t!r}) differs from `temperature` ({self.temperature!r}); "
+                "`temperature` is the one source of truth (sampling and scoring): remove 'temperature' from "
+                ".rl_module(model_config=...) and set .env_runners(temperature=...)")
+        lr_is_schedule = isinstance(self.lr, (list, tuple))
+        if lr_is_schedule and self.lr_warmup_steps:
+            err(f"`lr_warmup_steps` ({self.lr_warmup_steps}) applies to a constant `lr`; `lr` is a schedule "
+                f"({self.lr!r}): put the warmup into the schedule (e.g. [[0, 1e-7], [{self.lr_warmup_steps}, 1e-6], ...]) "
+                "and set lr_warmup_steps=0")
         if not 0 < self.top_p <= 1:
             err(f"`top_p` must be in (0, 1], got {self.top_p!r}")
         if self.max_response_tokens > self.max_model_len:
             err(f"`max_response_tokens` ({self.max_response_tokens}) must be <= `max_model_len` ({self.max_model_len})")
         if self.minibatch_size is not None and self.minibatch_size < 1:
             err(f"`minibatch_size` (trajectories per optimizer step) must be >= 1 or None, got {self.minibatch_size!r}")
+        if isinstance(self.num_epochs, bool) or not isinstance(self.num_epochs, int) or self.num_epochs < 1:
+            err(f"`num_epochs` (passes over each batch, PPO epochs) must be an int >= 1, got {self.num_epochs!r}")
         from ...envs.registry import check_env_spec  # light: imports no built-in env
 
         why = check_env_spec(self.env, in_config=True)
@@ -346,6 +379,8 @@ class GRPOConfig(AlgorithmConfig):
                 torch_dtype(self.model_config["dtype"])
             except ValueError as e:
                 err(f"`model_config['dtype']`: {e}")
+        if check_files:
+            missing_files(self, err)
         check_learner_layout(self, self._value_error)
         from ...weight_streaming import TRANSPORTS
 

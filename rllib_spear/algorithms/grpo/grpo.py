@@ -20,6 +20,7 @@ once before the first with ``eval_before_train``.
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Sequence
 
@@ -42,6 +43,8 @@ from .rollouts import sample_groups
 from .weight_sync import sync_weights
 
 __all__ = ["GRPO", "DrBoT", "EVALUATION_BEFORE_TRAIN"]
+
+logger = logging.getLogger(__name__)
 
 _STATE_KEY = "rllib_spear"
 #: The result key of the ``eval_before_train`` evaluation (in the first result only).
@@ -113,6 +116,7 @@ class GRPO(Algorithm):
         self._log(self.recipe.shape_rewards(trajs, step))
         adv = self.recipe.advantages(trajs)
         kept = self.recipe.filter(trajs)
+        self._warn_if_filtered_out(kept.fractions)
         rows = self.recipe.learner_rows(trajs, adv, kept)
         replay = self.recipe.replay(step)
         t0 = time.perf_counter()
@@ -138,7 +142,8 @@ class GRPO(Algorithm):
         the batch launched last iteration (launched now on a start or after a restore), then the
         next iteration's request goes out, so the runners sample it during this update."""
         if self._pipeline is None:
-            return self.sample(self.task_sampler.next(num_tasks))
+            key = self._seed_key()
+            return self.sample(self.task_sampler.next(num_tasks), seed_key=key)
         if not self._pipeline.in_flight:
             self._launch_sample(num_tasks)
         got = self._pipeline.collect(self.env_runner_group, step=self.algo_step)
@@ -147,12 +152,14 @@ class GRPO(Algorithm):
         if got.lost:
             self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
         self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
+        self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
         self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
         return got.trajectories, got.runner_stats
 
     def _launch_sample(self, num_tasks: int) -> None:
         """The one_step_off request of the next ``num_tasks`` tasks, on the runners' weights now."""
         before = self.task_sampler.get_state()
+        key = self._seed_key()
 
         def resync() -> int:
             self.sync_weights()
@@ -160,10 +167,18 @@ class GRPO(Algorithm):
 
         self._pipeline.launch(self.env_runner_group, self.task_sampler.next(num_tasks), int(self.config.group_size),
                               step=self.algo_step, version=self._policy_version, sampler_state=before,
-                              resync=resync)
+                              resync=resync, seed_key=key)
 
-    def sample(self, tasks: list[dict], group_size: int | None = None) -> tuple[list[Trajectory], list[dict]]:
-        """G = ``group_size`` (default ``config.group_size``) trajectories per task, whole groups only."""
+    def _seed_key(self) -> tuple[int, int]:
+        """(run seed, tasks served before this draw): the key of the next draw's sampling seeds.
+        It is restored with the task sampler, so a restored run, or a runner restarted by fault
+        tolerance, samples each draw with the seeds of the original run."""
+        return int(self.config.seed or 0), self.task_sampler.served
+
+    def sample(self, tasks: list[dict], group_size: int | None = None,
+               seed_key: tuple[int, int] | None = None) -> tuple[list[Trajectory], list[dict]]:
+        """G = ``group_size`` (default ``config.group_size``) trajectories per task, whole groups only.
+        ``seed_key``: the sampling seeds (``rollouts.sampling_seed``); None: each runner's own."""
         version = self._sampled_version = self._policy_version
 
         def resync() -> int:
@@ -171,19 +186,23 @@ class GRPO(Algorithm):
             self._sampled_version = self._policy_version
             return self._policy_version
 
-        trajs, stats, lost = sample_groups(self.env_runner_group, tasks, int(group_size or self.config.group_size),
-                                           version, resync)
+        trajs, stats, lost, incomplete = sample_groups(self.env_runner_group, tasks,
+                                                       int(group_size or self.config.group_size), version, resync,
+                                                       seed_key)
         if lost:
             self.metrics.log_value("lost_env_runner_samples", lost, reduce="sum")
+        # every iteration, 0 included: a curve with gaps reads as "not measured"
+        self.metrics.log_value("dropped_incomplete_groups", incomplete, reduce="sum")
         return trajs, stats
 
     def update_learners(self, rows: Sequence[LearnerRow], step: int) -> list[dict]:
-        """One ``learner_group.update`` over ``rows``: whole groups per learner, global normalizers."""
+        """One ``learner_group.update`` over ``rows``: whole groups per learner, global normalizers,
+        ``num_epochs`` passes of shuffled mini-batches (the learner runs them all in this call)."""
         cfg = self.config
         batches = build_learner_batches(
             rows, num_learners=cfg.num_learners, minibatch_size=cfg.minibatch_size,
             t_norm=cfg.loss_t_norm, pad_token_id=self.pad_token_id,
-            seed=int(self._rng.integers(2**31)),
+            seed=int(self._rng.integers(2**31)), num_epochs=int(cfg.num_epochs),
         )
         mabs = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(b)}, env_steps=len(b["input_ids"]))
                 for b in batches]
@@ -209,6 +228,18 @@ class GRPO(Algorithm):
         if restored and env_runner_group is self.env_runner_group and hasattr(self, "task_sampler"):
             self.sync_weights()
         return restored
+
+    def _warn_if_filtered_out(self, fractions: dict[str, float]) -> None:
+        """Filters that mask (nearly) the whole batch leave nothing to train: say so once per run
+        in the log, and every iteration in ``filters/nearly_all_filtered`` (the CLI's iteration
+        line shows it)."""
+        from ...recipe.filters import filtered_batch_warning
+
+        warning = filtered_batch_warning(fractions)
+        self.metrics.log_value(("filters", "nearly_all_filtered"), float(warning is not None), window=1)
+        if warning and not getattr(self, "_warned_filtered_out", False):
+            self._warned_filtered_out = True
+            logger.warning("iteration %d: %s", self.algo_step + 1, warning)
 
     def _log(self, metrics: Metrics) -> None:
         for key, v in metrics.items():

@@ -5,6 +5,14 @@ loss normalizers already computed). Here:
 
 * rows are split into mini-batches (``minibatch_id`` column; one optimizer step each), and each
   mini-batch into token-budget micro-batches (``microbatching``) whose gradients are accumulated;
+* ``num_epochs`` (PPO epochs): the driver writes one mini-batch shuffle per epoch (``minibatch_id``
+  is [B, num_epochs]), and the update makes ``num_epochs x num_minibatches`` optimizer steps, each
+  epoch's ratio against the same logp_old (recomputed once, before the first step, when the
+  trainer recomputes it);
+* the loss metrics are combined over the whole update and every learner (``LossMetrics``):
+  ``loss`` / ``pg_loss`` are mini-batch losses (the sum of their micro-batch shares), per-token
+  means are weighted by each micro-batch's loss tokens, so they do not depend on the
+  micro-batch split or the learner count either;
 * every loss term uses the normalizers of the *global* mini-batch (all micro-batches of all
   learners), so the gradient does not depend on the micro-batch split or the learner count;
 * under DDP (``num_learners > 1``) the all-reduce runs once per optimizer step (``no_sync`` on
@@ -62,8 +70,17 @@ from ...models import sharding
 from ...models.threads import apply_torch_threads
 from .learner_optim import build_adamw
 from .learner_setup import ModuleLayoutMixin
-from .learner_state import LEARNER_STATE_KEY, SHARDED_STATE_DIR, LearnerStateMixin
-from .microbatching import dummy_rows, entropy_metric_sample, slice_rows, token_budget_microbatches, total_grad_norm
+from .learner_state import LEARNER_STATE_KEY, SHARDED_STATE_DIR, LearnerStateMixin, gather_objects
+from .microbatching import (
+    LossMetrics,
+    dummy_rows,
+    entropy_metric_sample,
+    epoch_view,
+    num_epochs_of,
+    slice_rows,
+    token_budget_microbatches,
+    total_grad_norm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +89,9 @@ __all__ = ["GRPOTorchLearner", "BATCH_COLUMNS", "LEARNER_STATE_KEY", "SHARDED_ST
 #: Columns of the learner batch (all [B, T] unless noted [B]).
 BATCH_COLUMNS = (
     "input_ids", "attention_mask", "loss_mask", "old_logp", "engine_logp", "advantages",
-    "minibatch_id",  # [B] int
-    "norm_num_tokens", "norm_num_seqs", "t_norm",  # [B] global normalizers of the row's mini-batch part
+    "minibatch_id",  # [B, num_epochs] int: the row's mini-batch in each epoch
+    "norm_num_tokens", "norm_num_seqs",  # [B, num_epochs] global normalizers of the row's mini-batch part
+    "t_norm",  # [B]
     "is_replay", "loss_weight",  # [B]
 )
 
@@ -90,11 +108,10 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
             raise ValueError(f"training(entropy_metric_tokens=...) must be an int >= 0 (0 = no entropy metric), "
                              f"got {tokens!r}")
         super().build()
-        seed = int(getattr(self.config, "seed", 0) or 0)
-        # Clip-Cov draws tokens at random: a learner-owned generator keeps it reproducible.
-        self._cov_generator = torch.Generator(device="cpu").manual_seed(seed + 7919)
-        # Which loss tokens log the entropy metric (its own stream: Clip-Cov draws stay as they are).
-        self._entropy_generator = torch.Generator(device="cpu").manual_seed(seed + 104729)
+        # Clip-Cov draws tokens at random, and so does the entropy metric: learner-owned
+        # generators, one stream each and per rank (learner_state), keep both reproducible.
+        self._seed_generators(int(getattr(self.config, "seed", 0) or 0))
+        self._loss_metrics: LossMetrics | None = None  # the metrics of the update in progress
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
@@ -158,21 +175,33 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
             )
             weight = float(take(batch["loss_weight"])[0])
             total = total + weight * loss
-            prefix = "sil_" if replay else ""
-            for k, v in metrics.items():
-                # a "_max" metric is a maximum over the update, not a mean of per-batch maxima
-                reduce = METRIC_REDUCE.get(k, "mean")
-                self.metrics.log_value((module_id, prefix + k), float(v), reduce=reduce, window=1000)
+            self._record_loss_metrics(module_id, metrics, "sil_" if replay else "")
         return total
 
-    def _log_engine_mismatch(self, module_id, batch: dict, fwd_out: dict) -> None:
-        """|logp_new - engine_logp| over the on-policy loss tokens. Call it on the first
-        mini-batch of an update: before any optimizer step logp_new equals the trainer's logp_old."""
+    def _record_loss_metrics(self, module_id, metrics: dict, prefix: str) -> None:
+        """One policy_loss call's metrics: into the update's ``LossMetrics`` (combined over the
+        micro-batches and learners at its end; nothing for a dummy row), or, called outside an
+        update, straight to the logger."""
+        sink = getattr(self, "_loss_metrics", None)
+        if sink is not None:
+            if sink.recording:
+                sink.add(metrics, prefix)
+            return
+        for k, v in metrics.items():
+            self.metrics.log_value((module_id, prefix + k), float(v), reduce=METRIC_REDUCE.get(k, "mean"),
+                                   window=1000)
+
+    def _record_engine_mismatch(self, batch: dict, fwd_out: dict) -> None:
+        """|logp_new - engine_logp| over the on-policy loss tokens, into the update's metrics.
+        Call it on the first mini-batch of an update: before any optimizer step logp_new equals
+        the trainer's logp_old. (With TIS the loss measures |engine_logp - logp_old| on every
+        token instead, and the learner leaves it to the loss.)"""
         m = (batch["loss_mask"] > 0) & ~batch["is_replay"].bool()[:, None]
-        if bool(m.any()):
+        n = int(m.sum())
+        if n:
             diff = (fwd_out["logp"].detach() - batch["engine_logp"]).abs()[m]
-            self.metrics.log_value((module_id, "logp_mismatch_mean"), float(diff.mean()), window=1000)
-            self.metrics.log_value((module_id, "logp_mismatch_max"), float(diff.max()), reduce="max", window=1000)
+            self._loss_metrics.add_token_mean("logp_mismatch_mean", float(diff.mean()), n)
+            self._loss_metrics.add_extreme("logp_mismatch_max", float(diff.max()), "max")
 
     def _recompute_old_logp(self, module, data: dict, budget: int) -> torch.Tensor:
         """logp_old of the on-policy rows under the current weights (no grad), micro-batched like
@@ -210,80 +239,118 @@ class GRPOTorchLearner(LearnerStateMixin, ModuleLayoutMixin, TorchLearner):
     # ------------------------------------------------------------------ update
     @override(TorchLearner)
     def _uncompiled_update(self, batch: dict, **kwargs: Any):
+        """``num_epochs`` passes (the width of ``minibatch_id``) over the batch, each one optimizer
+        step per mini-batch of that epoch's shuffle: ``num_epochs x num_minibatches`` steps."""
         (module_id, data), = batch.items()
         module = self.module[module_id]
         config = self.config.get_config_for_module(module_id)
-        budget = int(config.micro_batch_token_budget)
-        mb_ids = data["minibatch_id"].long()
-        num_minibatches = int(data["num_minibatches"][0]) if len(mb_ids) else 0
-        last_loss = torch.zeros(())
-        loss_cfg = config.policy_loss_config()
-        if getattr(config, "recompute_old_logprobs", False) or loss_cfg.tis_cap:
+        num_epochs = num_epochs_of(data)
+        num_minibatches = int(data["num_minibatches"][0]) if len(data["input_ids"]) else 0
+        if getattr(config, "recompute_old_logprobs", False) or config.policy_loss_config().tis_cap:
             # Trainer-side logp_old (1.6): the ratio is taken against the trainer's numerics and
-            # the engine log-probs only enter the truncated importance weight.
+            # the engine log-probs only enter the truncated importance weight. Once, before the
+            # first step: every epoch's ratio is against the policy before the update (PPO).
             data = dict(data)
-            data["old_logp"] = self._recompute_old_logp(module, data, budget)
+            data["old_logp"] = self._recompute_old_logp(module, epoch_view(data, 0),
+                                                        int(config.micro_batch_token_budget))
         fwd_out: dict = {}
         trained_tokens = 0
-        # Entropy on every micro-batch only when the bonus needs it (with its gradient); else a
-        # bounded uniform sample of the first mini-batch's loss tokens, detached, for the metric.
-        entropy_always = float(getattr(config, "entropy_coeff", 0.0) or 0.0) > 0
-        metric_tokens = int(getattr(config, "entropy_metric_tokens", 1024))
-        replicated_multi = self.config.num_learners > 1 and not self.is_sharded
-        for mb in range(num_minibatches):
-            rows = torch.nonzero(mb_ids == mb).flatten()
-            micro = token_budget_microbatches(data["attention_mask"][rows], budget)
-            # A learner without rows of this mini-batch joins the collectives with dummy rows;
-            # under FSDP every forward is a collective, so every rank runs as many micro-batches.
-            n_micro = self._max_over_ranks(max(len(micro), 1))
-            micro = micro + [None] * (n_micro - len(micro))
-            sampled = mb == 0 and not entropy_always and metric_tokens > 0
-            if sampled:
-                data = dict(data)
-                pick = torch.zeros_like(data["loss_mask"], dtype=torch.bool)
-                pick[rows] = entropy_metric_sample(data["loss_mask"][rows], metric_tokens, self._entropy_generator)
-                data["entropy_metric_mask"] = pick
-            sums = {False: [0.0, 0], True: [0.0, 0]}  # part (replay?) -> [entropy sum, tokens]
-            for optim in self._optimizers():
-                optim.zero_grad(set_to_none=True)
-            for i, part in enumerate(micro):
-                sync = i == len(micro) - 1
-                # DDP: one all-reduce per optimizer step
-                ctx = module.no_sync() if replicated_multi and not sync else contextlib.nullcontext()
-                with ctx:
-                    sub = dummy_rows(data) if part is None else slice_rows(data, rows[part])
-                    sub["_need_entropy"] = entropy_always
-                    # only the loss tokens go through the output head (models/logprobs.py)
-                    sub["_score_mask"] = sub["loss_mask"] > 0
-                    pick = sub.pop("entropy_metric_mask", None)
-                    if sampled:
-                        sub["_entropy_mask"] = pick
-                    with self._compute_context():
-                        fwd_out = module.forward_train(sub)
-                    fwd_out = {k: v.float() for k, v in fwd_out.items()}
-                    if sampled and part is not None:
-                        self._add_entropy_sample(sums, fwd_out["entropy_sample"], pick, sub["is_replay"])
-                    losses = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: sub})
-                    if part is None:
-                        losses = {mid: loss * 0.0 for mid, loss in losses.items()}
-                    elif mb == 0:
-                        self._log_engine_mismatch(module_id, sub, fwd_out)
-                    grads = self.compute_gradients(losses)
-                    trained_tokens += int(sub["attention_mask"].sum()) if part is not None else 0
-                    last_loss = losses[module_id].detach()
-            for replay, (total, count) in sums.items():
-                if count:
-                    self.metrics.log_value((module_id, ("sil_" if replay else "") + "entropy"), total / count,
-                                           window=1000)
-            self.apply_gradients(self.postprocess_gradients(grads))
-        if num_minibatches:
+        metrics = self._loss_metrics = LossMetrics()
+        try:
+            for epoch in range(num_epochs):
+                view = epoch_view(data, epoch)
+                for mb in range(num_minibatches):
+                    metrics.step = (epoch, mb)
+                    fwd_out, tokens = self._minibatch_step(module_id, module, config, view, mb,
+                                                           first=epoch == 0 and mb == 0)
+                    trained_tokens += tokens
+        finally:
+            self._loss_metrics = None
+        steps = num_epochs * num_minibatches
+        if steps:
             # This rank's parameter / gradient / optimizer-state bytes at the last step (shards
             # only under FSDP): what benchmarks/learner_memory.py and the memory planner compare.
             for k, v in self.state_bytes().items():
                 self.metrics.log_value((module_id, k), v, reduce="max", window=1)
-        self.metrics.log_value((module_id, "num_optimizer_steps"), num_minibatches, reduce="sum")
+        total_loss = self._log_update_metrics(module_id, metrics)
+        self.metrics.log_value((module_id, "num_optimizer_steps"), steps, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
-        return fwd_out, {module_id: last_loss}, {}
+        return fwd_out, {module_id: torch.tensor(total_loss, dtype=torch.float32)}, {}
+
+    def _minibatch_step(self, module_id, module, config, data: dict, mb: int, *, first: bool) -> tuple[dict, int]:
+        """One optimizer step on mini-batch ``mb`` of ``data`` (one epoch's view,
+        ``microbatching.epoch_view``): gradients accumulated over its token-budget micro-batches.
+        ``first``: the update's first step (entropy sample, engine mismatch). Returns (the last
+        micro-batch's forward outputs, the tokens trained on)."""
+        rows = torch.nonzero(data["minibatch_id"].long() == mb).flatten()
+        micro = token_budget_microbatches(data["attention_mask"][rows], int(config.micro_batch_token_budget))
+        # A learner without rows of this mini-batch joins the collectives with dummy rows;
+        # under FSDP every forward is a collective, so every rank runs as many micro-batches.
+        n_micro = self._max_over_ranks(max(len(micro), 1))
+        micro = micro + [None] * (n_micro - len(micro))
+        # Entropy on every micro-batch only when the bonus needs it (with its gradient); else a
+        # bounded uniform sample of the first mini-batch's loss tokens, detached, for the metric.
+        entropy_always = float(getattr(config, "entropy_coeff", 0.0) or 0.0) > 0
+        metric_tokens = int(getattr(config, "entropy_metric_tokens", 1024))
+        sampled = first and not entropy_always and metric_tokens > 0
+        if sampled:
+            data = dict(data)
+            pick = torch.zeros_like(data["loss_mask"], dtype=torch.bool)
+            pick[rows] = entropy_metric_sample(data["loss_mask"][rows], metric_tokens, self._entropy_generator)
+            data["entropy_metric_mask"] = pick
+        # with TIS the loss measures the engine mismatch on every token (_record_engine_mismatch)
+        mismatch = first and not config.policy_loss_config().tis_cap
+        replicated_multi = self.config.num_learners > 1 and not self.is_sharded
+        sums = {False: [0.0, 0], True: [0.0, 0]}  # part (replay?) -> [entropy sum, tokens]
+        fwd_out: dict = {}
+        trained_tokens = 0
+        for optim in self._optimizers():
+            optim.zero_grad(set_to_none=True)
+        for i, part in enumerate(micro):
+            sync = i == len(micro) - 1
+            # DDP: one all-reduce per optimizer step
+            ctx = module.no_sync() if replicated_multi and not sync else contextlib.nullcontext()
+            with ctx:
+                sub = dummy_rows(data) if part is None else slice_rows(data, rows[part])
+                sub["_need_entropy"] = entropy_always
+                # only the loss tokens go through the output head (models/logprobs.py)
+                sub["_score_mask"] = sub["loss_mask"] > 0
+                pick = sub.pop("entropy_metric_mask", None)
+                if sampled:
+                    sub["_entropy_mask"] = pick
+                with self._compute_context():
+                    fwd_out = module.forward_train(sub)
+                fwd_out = {k: v.float() for k, v in fwd_out.items()}
+                if sampled and part is not None:
+                    self._add_entropy_sample(sums, fwd_out["entropy_sample"], pick, sub["is_replay"])
+                # a dummy row's metrics are not the batch's: it records none
+                self._loss_metrics.recording = part is not None
+                losses = self.compute_losses(fwd_out={module_id: fwd_out}, batch={module_id: sub})
+                self._loss_metrics.recording = True
+                if part is None:
+                    losses = {mid: loss * 0.0 for mid, loss in losses.items()}
+                else:
+                    self._loss_metrics.add_share(LossMetrics.TOTAL, float(losses[module_id].detach()))
+                    trained_tokens += int(sub["attention_mask"].sum())
+                    if mismatch:
+                        self._record_engine_mismatch(sub, fwd_out)
+                grads = self.compute_gradients(losses)
+        for replay, (total, count) in sums.items():
+            self._loss_metrics.add_token_mean(("sil_" if replay else "") + "entropy", total / max(count, 1), count)
+        self.apply_gradients(self.postprocess_gradients(grads))
+        return fwd_out, trained_tokens
+
+    def _log_update_metrics(self, module_id, metrics: LossMetrics) -> float:
+        """Log the update's loss metrics, combined over every learner's micro-batches (one
+        gather, which also brings every rank's generator states to rank 0 for its checkpoint:
+        learner_state), and return the update's loss ``LossMetrics.total_loss``: what RLlib logs
+        as ``total_loss``, the same on every learner and for any micro-batch split."""
+        gathered = gather_objects({"metrics": metrics.state(), "rng": self._rng_state()})
+        self._remember_rank_rng_states([g["rng"] for g in gathered])
+        merged = LossMetrics.merged(g["metrics"] for g in gathered)
+        for key, (value, reduce) in merged.results().items():
+            self.metrics.log_value((module_id, key), value, reduce=reduce, window=1000)
+        return merged.total_loss()
 
     # ------------------------------------------------------------------ gradients
     @override(TorchLearner)

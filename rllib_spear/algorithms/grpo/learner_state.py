@@ -8,7 +8,9 @@ only says where they are.
 """
 from __future__ import annotations
 
+import logging
 import os
+from typing import Any
 
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
@@ -16,12 +18,48 @@ from ray.rllib.utils.annotations import override
 
 from .learner_setup import rank
 
-__all__ = ["LearnerStateMixin", "LEARNER_STATE_KEY", "SHARDED_STATE_DIR"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["LearnerStateMixin", "LEARNER_STATE_KEY", "SHARDED_STATE_DIR", "seeded_generator", "gather_objects"]
 
 #: Learner-state key of this learner's own state (RNG streams, the sharded-checkpoint marker).
 LEARNER_STATE_KEY = "rllib_spear_learner"
 #: Folder of the torch.distributed.checkpoint shards, inside the checkpoint's learner folder.
 SHARDED_STATE_DIR = "sharded_state"
+#: The learner's random streams (the attribute of each generator) and their seed offsets:
+#: Clip-Cov's token draws, and the tokens of the entropy metric (its own stream, so that the
+#: metric does not move Clip-Cov's draws).
+RNG_STREAMS = {"cov_rng": ("_cov_generator", 7919), "entropy_rng": ("_entropy_generator", 104729)}
+#: Rank stride of the seeds: rank r draws from seed + offset + r * stride (a prime, larger than
+#: the offsets, so that no two (stream, rank) pairs share a seed).
+_RANK_STRIDE = 1_000_003
+
+
+def seeded_generator(seed: int, stream: str, rank_: int) -> torch.Generator:
+    """The CPU generator of ``stream`` on learner rank ``rank_``, seeded with
+    ``seed + offset(stream) + rank_ * 1_000_003``. Rank 0 keeps a single learner's stream; the
+    other ranks draw independently (with one seed, every rank would pick the same positions of
+    its own rows: correlated Clip-Cov draws)."""
+    return torch.Generator(device="cpu").manual_seed(int(seed) + RNG_STREAMS[stream][1] + rank_ * _RANK_STRIDE)
+
+
+def world_size() -> int:
+    """The number of learner ranks (1 without a process group)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def gather_objects(obj: Any) -> list:
+    """``obj`` of every learner rank, by rank (a collective: every rank must call it); ``[obj]``
+    without a process group."""
+    import torch.distributed as dist
+
+    if world_size() == 1:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def _as_list(x) -> list:
@@ -38,8 +76,9 @@ def _engine_state_dict(model, keep_vars: bool = False) -> dict:
 
 
 class LearnerStateMixin:
-    """get_state / set_state / restore_from_path of a TorchLearner with ``is_sharded`` and the
-    generators ``_cov_generator`` and ``_entropy_generator`` (mixed in before TorchLearner)."""
+    """get_state / set_state / restore_from_path of a TorchLearner with ``is_sharded``, and its
+    random streams (``_cov_generator``, ``_entropy_generator``; ``_seed_generators`` makes them),
+    checkpointed for every rank (mixed in before TorchLearner)."""
 
     _restore_dir: str | None = None
     # the weight sync's sender state (docs/design.md "Weight streaming")
@@ -238,9 +277,53 @@ class LearnerStateMixin:
             self._weight_group = None  # a broken group is re-formed by the next sync
             raise
 
+    # ------------------------------------------------------------------ random streams
+    def _seed_generators(self, seed: int) -> None:
+        """This rank's generators (``seeded_generator``), and every rank's initial states (what
+        rank 0 checkpoints until the first update gathers them)."""
+        self._rng_seed = int(seed)
+        for stream, (attr, _) in RNG_STREAMS.items():
+            setattr(self, attr, seeded_generator(seed, stream, rank()))
+        self._rank_rng_states = {r: self._seeded_rng_state(r) for r in range(world_size())}
+
+    def _seeded_rng_state(self, rank_: int) -> dict:
+        return {stream: seeded_generator(self._rng_seed, stream, rank_).get_state() for stream in RNG_STREAMS}
+
+    def _rng_state(self) -> dict:
+        """This rank's generator states ``{stream: ByteTensor}``."""
+        return {stream: getattr(self, attr).get_state() for stream, (attr, _) in RNG_STREAMS.items()}
+
+    def _remember_rank_rng_states(self, states: list[dict]) -> None:
+        """Every rank's generator states, gathered at the end of an update (``gather_objects``):
+        the generators only move in updates, so rank 0, the only rank whose ``get_state`` RLlib
+        calls, checkpoints every rank's current states."""
+        self._rank_rng_states = dict(enumerate(states))
+
+    def _set_rng_state(self, own: dict) -> None:
+        """Restore this rank's generators from a checkpoint's learner state. Rank r takes the
+        saved states of rank r; a rank the checkpoint does not hold (it was written by fewer
+        ranks) starts its seeded stream, with a warning. A checkpoint without per-rank states
+        (older format) holds rank 0's only."""
+        saved = {int(r): st for r, st in (own.get("rank_rng") or {}).items()}
+        if not saved and "cov_rng" in own:
+            saved = {0: {stream: own[stream] for stream in RNG_STREAMS}}
+        if not saved:
+            return
+        me = rank()
+        if me not in saved:
+            logger.warning("learner rank %d: the checkpoint holds the random streams of ranks %s only; "
+                           "this rank reseeds its Clip-Cov and entropy-sample streams", me, sorted(saved))
+        for stream, (attr, _) in RNG_STREAMS.items():
+            state = saved[me][stream] if me in saved else self._seeded_rng_state(me)[stream]
+            getattr(self, attr).set_state(torch.as_tensor(state, dtype=torch.uint8).clone())
+        self._rank_rng_states = {r: saved.get(r) or self._seeded_rng_state(r) for r in range(world_size())}
+
     def _own_state(self) -> dict:
-        return {"cov_rng": self._cov_generator.get_state(),
-                "entropy_rng": self._entropy_generator.get_state()}
+        """This learner's own state: its generator states (top level, for readers of the older
+        format) and every rank's (``rank_rng``, by rank; this rank's are current)."""
+        mine = self._rng_state()
+        ranks = {**getattr(self, "_rank_rng_states", {}), rank(): mine}
+        return {**mine, "rank_rng": ranks}
 
     @override(TorchLearner)
     def get_state(self, components=None, *, not_components=None, **kwargs):
@@ -282,9 +365,7 @@ class LearnerStateMixin:
             state = dict(state)
             self._set_full_optimizer_state_sharded(state.pop(COMPONENT_OPTIMIZER))
         super().set_state(state)
-        if "cov_rng" in own:
-            self._cov_generator.set_state(own["cov_rng"])
-            self._entropy_generator.set_state(own["entropy_rng"])
+        self._set_rng_state(own)
         sharded = own.get("sharded_state")
         if sharded and COMPONENT_RL_MODULE not in state:
             if self._restore_dir is None:

@@ -5,9 +5,34 @@ batch the same way with these functions.
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from typing import Iterable, Mapping
+
 import torch
 
-__all__ = ["token_budget_microbatches", "entropy_metric_sample", "slice_rows", "dummy_rows", "total_grad_norm"]
+from ...core.losses import METRIC_KIND
+
+__all__ = ["token_budget_microbatches", "entropy_metric_sample", "slice_rows", "dummy_rows", "total_grad_norm",
+           "EPOCH_COLUMNS", "num_epochs_of", "epoch_view", "LossMetrics"]
+
+#: Columns with one entry per (row, epoch), [B, num_epochs] (``recipe.batching``).
+EPOCH_COLUMNS = ("minibatch_id", "norm_num_tokens", "norm_num_seqs")
+
+
+def num_epochs_of(data: dict) -> int:
+    """The epochs of a learner batch: the width of its ``minibatch_id`` ([B] = one epoch)."""
+    ids = data["minibatch_id"]
+    return int(ids.shape[1]) if ids.dim() == 2 else 1
+
+
+def epoch_view(data: dict, epoch: int) -> dict:
+    """``data`` with the per-epoch columns (``EPOCH_COLUMNS``) of ``epoch``, [B]: what the
+    micro-batch functions below slice (they take every 2-D column as [B, T])."""
+    out = dict(data)
+    for k in EPOCH_COLUMNS:
+        if k in out and out[k].dim() == 2:
+            out[k] = out[k][:, epoch]
+    return out
 
 
 def token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
@@ -91,3 +116,107 @@ def total_grad_norm(grads) -> float:
     if not gs:
         return 0.0
     return float(torch.nn.utils.get_total_norm(gs, norm_type=2.0))
+
+
+class LossMetrics:
+    """The loss metrics of one update, combined over its micro-batches (and learners) so that
+    they do not depend on the micro-batch split or the learner count (``METRIC_KIND``).
+
+    With micro-batch calls c of mini-batch step s (``step``: (epoch, mini-batch)) and n_c loss
+    tokens each:
+
+    * share x:       ``x = mean_s sum_{c in s} x_c``  (the sum of a step's shares is its loss);
+    * count x:       ``x = mean_epoch sum_{c in epoch} x_c``  (the batch's count);
+    * token mean x:  ``x = sum_c n_c x_c / sum_c n_c``  (calls with n_c = 0 weigh nothing);
+    * max / min x:   the extreme over the calls with n_c > 0.
+
+    Every accumulator is a plain dict, so that the learners' states can be gathered and merged
+    (:meth:`merged`).
+    """
+
+    #: share key of the learner's returned loss (the weighted sum of the parts); not a metric
+    TOTAL = "__total_loss"
+
+    def __init__(self) -> None:
+        self.step: tuple[int, int] = (0, 0)  # (epoch, mini-batch) of the calls being added
+        self.recording = True  # False while the learner runs a dummy row
+        self.shares: dict[str, dict[tuple[int, int], float]] = defaultdict(lambda: defaultdict(float))
+        self.counts: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        self.weighted: dict[str, list[float]] = {}  # key -> [sum n_c x_c, sum n_c]
+        self.extremes: dict[str, tuple[str, float]] = {}  # key -> (kind, value)
+
+    def add_share(self, key: str, value: float) -> None:
+        self.shares[key][self.step] += float(value)
+
+    def add_count(self, key: str, value: float) -> None:
+        self.counts[key][self.step[0]] += float(value)
+
+    def add_token_mean(self, key: str, value: float, weight: float) -> None:
+        if weight > 0:
+            acc = self.weighted.setdefault(key, [0.0, 0.0])
+            acc[0] += float(value) * weight
+            acc[1] += weight
+
+    def add_extreme(self, key: str, value: float, kind: str) -> None:
+        pick = max if kind == "max" else min
+        old = self.extremes.get(key)
+        self.extremes[key] = (kind, float(value) if old is None else pick(old[1], float(value)))
+
+    def add(self, metrics: Mapping[str, float], prefix: str = "") -> None:
+        """One ``policy_loss`` call's metrics (weight: its ``num_tokens``), keys prefixed."""
+        n = float(metrics.get("num_tokens", 0.0))
+        for k, v in metrics.items():
+            kind = METRIC_KIND.get(k, "token_mean")
+            if kind == "share":
+                self.add_share(prefix + k, v)
+            elif kind == "count":
+                self.add_count(prefix + k, v)
+            elif kind == "token_mean":
+                self.add_token_mean(prefix + k, v, n)
+            elif n > 0:  # a call without loss tokens reports 0 for its max / min
+                self.add_extreme(prefix + k, v, kind)
+
+    def state(self) -> dict:
+        """Plain, picklable accumulators (what :meth:`merged` combines)."""
+        return {"shares": {k: dict(v) for k, v in self.shares.items()},
+                "counts": {k: dict(v) for k, v in self.counts.items()},
+                "weighted": dict(self.weighted), "extremes": dict(self.extremes)}
+
+    @classmethod
+    def merged(cls, states: Iterable[dict]) -> "LossMetrics":
+        """The metrics of several learners' updates of the same global batch: shares and counts
+        add up per step / epoch, token means pool their tokens, extremes take the extreme."""
+        out = cls()
+        for st in states:
+            for k, per_step in st["shares"].items():
+                for step, v in per_step.items():
+                    out.shares[k][step] += v
+            for k, per_epoch in st["counts"].items():
+                for epoch, v in per_epoch.items():
+                    out.counts[k][epoch] += v
+            for k, (num, den) in st["weighted"].items():
+                acc = out.weighted.setdefault(k, [0.0, 0.0])
+                acc[0] += num
+                acc[1] += den
+            for k, (kind, v) in st["extremes"].items():
+                out.add_extreme(k, v, kind)
+        return out
+
+    def total_loss(self) -> float:
+        """The update's loss: the mean over its optimizer steps of each step's summed shares."""
+        per_step = self.shares.get(self.TOTAL) or {}
+        return sum(per_step.values()) / len(per_step) if per_step else 0.0
+
+    def results(self) -> dict[str, tuple[float, str]]:
+        """``{key: (value, logger reduce)}`` of every metric (the returned loss left out)."""
+        out: dict[str, tuple[float, str]] = {}
+        for k, per_step in self.shares.items():
+            if k != self.TOTAL:
+                out[k] = (sum(per_step.values()) / len(per_step), "mean")
+        for k, per_epoch in self.counts.items():
+            out[k] = (sum(per_epoch.values()) / len(per_epoch), "mean")
+        for k, (num, den) in self.weighted.items():
+            out[k] = (num / den, "mean")
+        for k, (kind, v) in self.extremes.items():
+            out[k] = (v, kind)
+        return out

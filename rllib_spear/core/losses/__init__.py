@@ -33,7 +33,7 @@ from .modes import (
     get_policy_loss,
     register_policy_loss,
 )
-from .policy import METRIC_REDUCE, kl_penalty, policy_loss
+from .policy import METRIC_KIND, METRIC_REDUCE, kl_penalty, policy_loss
 
 __all__ = [
     "LOSS_MODES",
@@ -50,6 +50,7 @@ __all__ = [
     "register_loss_agg",
     "get_policy_loss",
     "get_loss_agg",
+    "METRIC_KIND",
     "METRIC_REDUCE",
     "LossNormalizer",
     "loss_normalizer",

@@ -9,11 +9,28 @@ from .aggregation import LossNormalizer, aggregate_token_values, check_2d, check
 from .config import KL_ESTIMATORS, PolicyLossConfig
 from .modes import PolicyTerms, get_policy_loss
 
-__all__ = ["METRIC_REDUCE", "kl_penalty", "policy_loss"]
+__all__ = ["METRIC_KIND", "METRIC_REDUCE", "kl_penalty", "policy_loss"]
 
-#: How a metric of :func:`policy_loss` combines over micro-batches and updates (default "mean").
-#: A maximum must stay a maximum: logged with a mean it reads as an average of per-batch maxima.
-METRIC_REDUCE: dict[str, str] = {"logp_mismatch_max": "max"}
+#: How each metric of :func:`policy_loss` combines over the micro-batches of an update (the
+#: learner's ``LossMetrics``; a metric not listed is a "token_mean"):
+#:
+#: * "share": the call's share of the mini-batch value (the loss terms: each is divided by the
+#:   *global* normalizer, so the shares of all micro-batches and learners add up to the
+#:   mini-batch's loss); summed within a mini-batch, averaged over mini-batches;
+#: * "count": summed over the batch (every row is in one micro-batch per epoch);
+#: * "token_mean": a mean over the call's loss tokens; weighted by ``num_tokens``, so a call with
+#:   no loss token (a fully masked micro-batch, a dummy row) weighs nothing;
+#: * "max" / "min": the extreme over the update's loss tokens (calls without loss tokens skipped).
+METRIC_KIND: dict[str, str] = {
+    "loss": "share", "pg_loss": "share",
+    "num_tokens": "count", "num_seqs": "count",
+    "ratio_max": "max", "logp_mismatch_max": "max",
+    "ratio_min": "min",
+}
+
+#: The logger's reduction of a metric over updates (default "mean"): a maximum must stay a
+#: maximum, or it reads as an average of per-batch maxima.
+METRIC_REDUCE: dict[str, str] = {k: v for k, v in METRIC_KIND.items() if v in ("max", "min")}
 
 # |log-ratio| bound before exp (docs/algorithms.md 1.2): keeps rho finite so 0-weighted tokens never give NaN.
 _LOG_RATIO_CLAMP = 20.0
