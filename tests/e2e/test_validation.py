@@ -166,10 +166,10 @@ def test_cli_eval_prints_the_per_source_table(evaluated_run, eval_tasks, tmp_pat
 
 
 def test_missing_eval_dataset_fails_at_build(ray_session, tmp_path):
-    """A recipe's placeholder eval set that is not there fails when the algorithm is built (the
-    error names the path), not at the first evaluation, 50 iterations in."""
+    """A recipe's placeholder eval set that is not there fails in validate(), before any actor
+    starts (the error names the field and the path), not at the first evaluation, 50 iterations in."""
     missing = tmp_path / "search_r1_test.parquet"
     cfg = (small_config(GRPOConfig, "embedded").environment(eval_dataset=str(missing))
            .evaluation(evaluation_interval=50))
-    with pytest.raises(ValueError, match="search_r1_test.parquet: no such file"):
+    with pytest.raises(ValueError, match="`eval_dataset` '.*search_r1_test.parquet' does not exist"):
         cfg.build_algo()
