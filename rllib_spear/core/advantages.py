@@ -1,5 +1,6 @@
-"""Advantage estimators: outcome group advantages (GRPO / Dr.GRPO, docs/algorithms.md 1.1) and
-SPADER's step-wise peer advantage (docs/algorithms.md 3.3).
+"""Advantage estimators: outcome group advantages (GRPO / Dr.GRPO, docs/algorithms.md 1.1),
+SPADER's step-wise peer advantage (docs/algorithms.md 3.3) and GiGPO's anchor-state step groups
+(docs/algorithms.md 3.5).
 
 Pure numpy. Groups are always found by task uid (any hashable), never by batch position: the
 released SPEAR math code assumed contiguous groups after the batch had been reordered, which
@@ -7,6 +8,7 @@ silently mixed tasks (docs/algorithms.md 2.5).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -17,8 +19,14 @@ __all__ = [
     "group_reward_stats",
     "discounted_step_returns",
     "step_peer_advantages",
+    "GIGPO_MODES",
+    "gigpo_step_advantages",
+    "gigpo_advantages",
     "broadcast_step_advantages",
 ]
+
+#: GiGPO normalizations (docs/algorithms.md 3.5): subtract the group mean, or also divide by its std.
+GIGPO_MODES = ("mean_norm", "mean_std_norm")
 
 
 def _as_rewards(rewards: Sequence[float] | np.ndarray, fn: str) -> np.ndarray:
@@ -30,6 +38,24 @@ def _as_rewards(rewards: Sequence[float] | np.ndarray, fn: str) -> np.ndarray:
     if not np.all(np.isfinite(r)):
         raise ValueError(f"{fn}: rewards must be finite, got {r[~np.isfinite(r)][:3].tolist()}")
     return r
+
+
+def _centered(g: np.ndarray, std_normalize: bool, eps: float) -> np.ndarray:
+    """``g - mean(g)``, divided by ``std(g) + eps`` (unbiased) if ``std_normalize``; ``len(g) >= 2``.
+
+    The mean and the squared deviations are summed with ``math.fsum`` (exactly rounded), so the
+    result does not depend on the order of ``g``; a group whose values are all equal gets exactly
+    0 (a rounded mean of equal values need not equal them: ``[0.1] * 3`` has a float mean
+    ``0.1 + 1.4e-17``).
+    """
+    if np.all(g == g[0]):
+        return np.zeros_like(g)
+    mean = math.fsum(g) / len(g)
+    d = g - mean
+    if not std_normalize:
+        return d
+    std = math.sqrt(math.fsum(d * d) / (len(g) - 1))
+    return d / (std + eps)
 
 
 def group_indices(uids: Sequence[Hashable], n: int | None = None, fn: str = "group_indices"
@@ -66,7 +92,9 @@ def group_advantages(
 
     A group of size 1 uses mean 0 and std 1 (released ``compute_grpo_outcome_advantage``), so its
     advantage is ``R_i / (1 + eps)`` (GRPO) or ``R_i`` (Dr.GRPO). A group whose rewards are all
-    equal gets advantage 0.
+    equal gets advantage exactly 0 (float rounding of the mean would leave about 1e-17, which SIL
+    admission, ``A_i > 0``, would read as a positive advantage). The result does not depend on the
+    order of the batch, to the last bit.
 
     Returns float64 array of shape [N].
     """
@@ -79,10 +107,9 @@ def group_advantages(
         g = r[idx]
         if len(idx) == 1:
             # Released convention: a singleton has no peers, mean 0 / std 1.
-            mean, std = 0.0, 1.0
+            adv[idx] = g / (1.0 + eps) if std_normalize else g
         else:
-            mean, std = float(g.mean()), float(g.std(ddof=1))
-        adv[idx] = (g - mean) / (std + eps) if std_normalize else g - mean
+            adv[idx] = _centered(g, std_normalize, eps)
     return adv
 
 
@@ -175,6 +202,122 @@ def step_peer_advantages(
         for row, i in enumerate(idx):
             out[i] = adv[row, : len(returns[i])].copy()
     return out
+
+
+def _check_mode(mode: str, fn: str) -> bool:
+    """``mode`` is a GiGPO mode; returns whether it divides by the std."""
+    if mode not in GIGPO_MODES:
+        raise ValueError(f"{fn}: mode must be one of {list(GIGPO_MODES)}, got {mode!r}")
+    return mode == "mean_std_norm"
+
+
+def gigpo_step_advantages(
+    step_returns: Sequence[Sequence[float] | np.ndarray],
+    anchors: Sequence[Sequence[Hashable | None]],
+    uids: Sequence[Hashable],
+    *,
+    mode: str = "mean_std_norm",
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """GiGPO step relative advantage over anchor-state groups (docs/algorithms.md 3.5).
+
+    Step k of trajectory i belongs to the step group keyed by ``(uids[i], anchors[i][k])``: every
+    step of the same task whose anchor (the state it acted from) is equal, across trajectories
+    and within one (a state revisited twice in one episode puts both steps in the group). Two
+    uids never share a group. With ``G`` the values ``step_returns[i][k]`` of one step group S:
+
+        mean_norm:      A_st = G - mean_S G
+        mean_std_norm:  A_st = (G - mean_S G) / (std_S G + eps)       std unbiased (n-1)
+
+    A step group of size 1 gets 0 (released ``step_norm_reward``: a singleton's mean is its own
+    value), and so does a step whose anchor is ``None`` (no known state: a group of its own). A
+    group whose values are all equal gets exactly 0, and the result does not depend on the order
+    of the batch (the sums are exactly rounded). Float64 throughout; the released code computes
+    in float32, where an all-equal group can come out non-zero (a float32 mean of equal values
+    need not equal them, and ``mean_std_norm`` divides that residue by ``0 + eps``).
+
+    Returns one float64 array per trajectory, of the length of its ``step_returns``.
+    """
+    fn = "gigpo_step_advantages"
+    if len(step_returns) == 0:
+        raise ValueError(f"{fn}: step_returns is empty")
+    std_normalize = _check_mode(mode, fn)
+    if eps < 0:
+        raise ValueError(f"{fn}: eps must be >= 0, got {eps}")
+    uids = list(uids)
+    group_indices(uids, len(step_returns), fn)  # count and hashability of the uids
+    if len(anchors) != len(step_returns):
+        raise ValueError(f"{fn}: anchors has {len(anchors)} entries for {len(step_returns)} trajectories")
+    rets = []
+    for i, r in enumerate(step_returns):
+        g = np.asarray(r, dtype=np.float64)
+        if g.ndim != 1:
+            raise ValueError(f"{fn}: step_returns[{i}] must be 1-D, got shape {g.shape}")
+        if not np.all(np.isfinite(g)):
+            raise ValueError(f"{fn}: step_returns[{i}] must be finite")
+        if len(anchors[i]) != len(g):
+            raise ValueError(f"{fn}: anchors[{i}] has {len(anchors[i])} entries for {len(g)} steps")
+        rets.append(g)
+    groups: dict[tuple[Hashable, Hashable], list[tuple[int, int]]] = {}
+    for i, (u, keys) in enumerate(zip(uids, anchors)):
+        for k, key in enumerate(keys):
+            if key is None:
+                continue
+            try:
+                groups.setdefault((u, key), []).append((i, k))
+            except TypeError as e:  # unhashable anchor
+                raise ValueError(f"{fn}: anchors[{i}][{k}] is not hashable: {key!r:.80}") from e
+    out = [np.zeros_like(g) for g in rets]
+    for members in groups.values():
+        if len(members) < 2:
+            continue  # singleton step group: 0
+        adv = _centered(np.array([rets[i][k] for i, k in members]), std_normalize, eps)
+        for (i, k), a in zip(members, adv):
+            out[i][k] = a
+    return out
+
+
+def gigpo_advantages(
+    episode_rewards: Sequence[float] | np.ndarray,
+    step_rewards: Sequence[Sequence[float]],
+    anchors: Sequence[Sequence[Hashable | None]],
+    uids: Sequence[Hashable],
+    *,
+    gamma: float = 0.95,
+    step_weight: float = 1.0,
+    mode: str = "mean_std_norm",
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """GiGPO per-step advantage (docs/algorithms.md 3.5): episode part plus weighted step part.
+
+    With g the group of trajectory i (its uid), ``R_i = episode_rewards[i]`` and
+    ``G_k(i) = sum_{j>=k} gamma^(j-k) r_j(i)`` over ``r = step_rewards[i]``
+    (``discounted_step_returns``):
+
+        A_ep(i)   = R_i - mean_g R                     (mean_norm)
+                  = (R_i - mean_g R) / (std_g R + eps) (mean_std_norm, std unbiased)
+                    a singleton group keeps its score: mean 0, std 1 (``group_advantages``)
+        A_st_k(i) = gigpo_step_advantages(G, anchors, uids, mode)
+        A_k(i)    = A_ep(i) + step_weight * A_st_k(i)
+
+    The group means are over trajectories (each counts once); the released code takes them over
+    step rows, so a longer trajectory weighs more there (docs/algorithms.md 5). Float64, exact
+    zeros for all-equal groups (see ``gigpo_step_advantages``).
+
+    Returns one float64 array per trajectory, one entry per step reward.
+    """
+    fn = "gigpo_advantages"
+    r = _as_rewards(episode_rewards, fn)
+    std_normalize = _check_mode(mode, fn)
+    if len(step_rewards) != len(r):
+        raise ValueError(f"{fn}: step_rewards has {len(step_rewards)} entries for {len(r)} episode_rewards")
+    if (isinstance(step_weight, bool) or not isinstance(step_weight, (int, float, np.integer, np.floating))
+            or not math.isfinite(step_weight) or step_weight < 0):
+        raise ValueError(f"{fn}: step_weight must be a finite number >= 0, got {step_weight!r}")
+    a_ep = group_advantages(r, uids, std_normalize=std_normalize, eps=eps)
+    returns = [discounted_step_returns(x, gamma) for x in step_rewards]
+    a_st = gigpo_step_advantages(returns, anchors, uids, mode=mode, eps=eps)
+    return [a_ep[i] + step_weight * a_st[i] for i in range(len(r))]
 
 
 def broadcast_step_advantages(token_steps: np.ndarray, step_advantages: Sequence[float] | np.ndarray

@@ -3,7 +3,7 @@
 
 Public API (add one, select it by name in the config, test it):
 
-- ``register_advantage_estimator(name)``: ``fn(trajs, cfg) -> Advantages``; built-ins ``grpo``, ``spa``;
+- ``register_advantage_estimator(name)``: ``fn(trajs, cfg) -> Advantages``; built-ins ``grpo``, ``spa``, ``gigpo``;
 - ``register_reward_shaper(name)``: ``fn(trajs, step, cfg) -> metrics``; built-ins ``tool_call_bonus``,
   ``spader_diversity``; ``register_reward_fn(name)`` / ``.training(reward_fns=[fn])`` for
   ``fn(task, response, stats) -> float``;

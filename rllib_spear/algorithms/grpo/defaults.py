@@ -22,7 +22,8 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "group_size": 8,
     "tasks_per_iteration": 32,
     # the recipe: which registered pieces run (rllib_spear/recipe)
-    "advantage_estimator": "grpo",  # "grpo" (outcome, 1.1), "spa" (SPADER step-wise peer, 3.3), or registered
+    # "grpo" (outcome, 1.1), "spa" (SPADER step-wise peer, 3.3), "gigpo" (GiGPO, 3.5), or registered
+    "advantage_estimator": "grpo",
     "reward_shapers": (),  # e.g. ("tool_call_bonus",) (SPEAR 2.1), ("spader_diversity",) (3.2)
     "reward_fns": (),  # user reward functions fn(task, response, stats) -> float, or registered names
     # policy loss (1.2 - 1.4, 1.6)
