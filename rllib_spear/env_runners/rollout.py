@@ -156,8 +156,9 @@ class _Episode:
     truncated: bool = False
     reached_max_length: bool = False
     turn_hit_cap: list[bool] = field(default_factory=list)  # per turn: stopped at its token cap
-    outcome_reward: float = 0.0  # sum of the env's step rewards so far
-    env_rewards: list[float] = field(default_factory=list)  # per turn: the env's StepResult.reward
+    # per turn: the env's StepResult.reward (a turn whose step raised is the episode's last, so
+    # the list is aligned with the turns and at most one shorter)
+    env_rewards: list[float] = field(default_factory=list)
     error: str | None = None  # "<ExceptionType>: message" when a turn raised
     error_stage: str | None = None
     env_error: str | None = None  # repr of an exception raised by env.step (older key)
@@ -317,10 +318,7 @@ class MultiTurnRollout:
                 ep.env_error = repr(exc)
                 raise
             stage = "reward"
-            reward = float(res.reward)
-            ep.env_rewards.extend([0.0] * (ep.turns - 1 - len(ep.env_rewards)))  # turns whose step raised
-            ep.env_rewards.append(reward)
-            ep.outcome_reward += reward
+            ep.env_rewards.append(float(res.reward))
             if res.done or res.observation is None:
                 ep.done = True
                 return
@@ -363,7 +361,7 @@ class MultiTurnRollout:
             raise
         except Exception as exc:  # a broken env must not lose the batch either
             # The episode failed: its record says so (no success, no answer, no calls counted).
-            stats = EpisodeStats(success=False, outcome_reward=float(ep.outcome_reward), tool_calls=0,
+            stats = EpisodeStats(success=False, outcome_reward=float(sum(ep.env_rewards)), tool_calls=0,
                                  queries_per_step=[], format_ok=False, has_answer=False)
             ep.truncated = True
             if ep.error is None:

@@ -32,7 +32,7 @@ def test_warning_names_the_filter_and_its_knob():
 
 
 def test_the_algorithm_warns_once_per_run_and_logs_every_iteration(caplog):
-    algo = SimpleNamespace(metrics=MetricsLogger(), algo_step=0)
+    algo = SimpleNamespace(metrics=MetricsLogger(), algo_step=0, _warned_filtered_out=False)
     with caplog.at_level(logging.WARNING, logger="rllib_spear.algorithms.grpo.grpo"):
         for step in range(3):
             algo.algo_step = step

@@ -54,6 +54,8 @@ EVALUATION_BEFORE_TRAIN = "evaluation_before_train"
 class GRPO(Algorithm):
     """Group Relative Policy Optimization for multi-turn tool-using LLM agents."""
 
+    _warned_filtered_out = False  # the nearly-all-filtered warning is logged once per run
+
     @classmethod
     def get_default_config(cls) -> GRPOConfig:
         return GRPOConfig()
@@ -237,7 +239,7 @@ class GRPO(Algorithm):
 
         warning = filtered_batch_warning(fractions)
         self.metrics.log_value(("filters", "nearly_all_filtered"), float(warning is not None), window=1)
-        if warning and not getattr(self, "_warned_filtered_out", False):
+        if warning and not self._warned_filtered_out:
             self._warned_filtered_out = True
             logger.warning("iteration %d: %s", self.algo_step + 1, warning)
 
