@@ -1,4 +1,6 @@
 """GPU check for the model/engine layer (run on an NVIDIA machine with the regular vllm wheel).
+On a GPU machine without Ray and vLLM run benchmarks/gpu_learner_check.py instead (the learner's
+update core, FSDP2, the weight-sync sender and the HF engine, torch and transformers only).
 
 1. builds a small Qwen2-architecture model (no downloads) and an HF fp32 reference copy;
 2. generates with VLLMEngine (fp32 by default) and checks the sampled tokens' log-probs against

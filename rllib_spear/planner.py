@@ -32,6 +32,10 @@ s = ``num_learners`` under "fsdp" (1 under "ddp")::
 ``cpu_offload`` moves parameters, gradients, AdamW state and the step to CPU RAM (reported per
 node, pinned; ``rllib-spear plan --host-memory-gb`` checks it against a node's RAM). Per engine GPU (vLLM): weights P * b / tp; KV cache = gpu_memory_utilization * G - weights -
 the profile-run reserve, at 2 * layers * kv_heads/tp * head_dim * b bytes per token.
+
+Colocated GPUs (``.resources(colocate=True)``: a learner rank and an engine per GPU, the engine
+asleep while the learner trains): ``planning.colocate`` checks each phase of an iteration
+(sampling, training, weight sync) against the one GPU, and the host copies of sleep level 1.
 """
 from __future__ import annotations
 
@@ -40,9 +44,11 @@ from typing import Any
 
 from .models.activations import Precision, block_saved_bytes, saved_bytes  # noqa: F401
 from .models.shapes import ModelShape, model_config_for
+from .planning.colocate import ColocatedPlan, colocated_host_problem, colocated_problems, plan_colocated
 from .planning.engine import EnginePlan, plan_engine
 from .planning.layouts import (  # noqa: F401 - the planner's names stay importable from here
     _DTYPE_BYTES,
+    COLOCATED_GPU_MEMORY_UTILIZATION,
     DEFAULT_CHUNK_ELEMENTS,
     GIB,
     GPUS_PER_NODE,
@@ -70,7 +76,7 @@ from .planning.learner import (  # noqa: F401
 __all__ = [
     "GIB", "OVERHEAD_GIB", "LearnerLayout", "EngineLayout", "ActivationPeak", "LearnerPlan", "EnginePlan",
     "MemoryPlan", "activation_peak", "packing_cases", "plan_learner", "plan_engine", "plan_memory", "plan",
-    "check_fits", "MEMORY_ERROR",
+    "check_fits", "MEMORY_ERROR", "ColocatedPlan", "plan_colocated",
 ]
 
 
@@ -91,6 +97,7 @@ class MemoryPlan:
     learner_on_gpu: bool = True
     chunk_size: int | None = None
     host_memory_gb: float | None = None  # host RAM of one learner node (GiB); None = not checked
+    colocated: ColocatedPlan | None = None  # colocate=True: one learner rank and one engine per GPU
 
     @property
     def learner_fits(self) -> bool | None:
@@ -108,6 +115,10 @@ class MemoryPlan:
         declared one can, None when no memory is declared."""
         verdicts = [v for v in (self.learner_fits, self.engine.fits if self.engine else None, self.host_fits)
                     if v is not None]
+        c = self.colocated
+        if c is not None:
+            verdicts += [v for v in (c.fits, c.host_fits(self.host_memory_gb, self.learner.cpu_ram_per_node))
+                         if v is not None]
         return None if not verdicts else all(verdicts)
 
     def problems(self) -> list[str]:
@@ -115,6 +126,12 @@ class MemoryPlan:
         from .planner_report import engine_fixes, host_fixes, learner_fixes
 
         out = []
+        if self.colocated is not None:  # its phases replace the learner's and the engine's own checks
+            out += colocated_problems(self)
+            if self.host_fits is False:
+                out.append(host_fixes(self))
+            host = colocated_host_problem(self)
+            return out + ([host] if host else [])
         if self.learner_fits is False:
             out.append(learner_fixes(self))
         if self.host_fits is False:
@@ -166,6 +183,9 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
         ddp_bucket_view=bool(ddp_kwargs.get("gradient_as_bucket_view", False)),
     )
     ek = dict(getattr(config, "engine_kwargs", None) or {})
+    colocate = bool(getattr(config, "colocate", False))
+    # a colocated vLLM runner's default share (env_runners/placement.py runner_engine_kwargs)
+    default_util = COLOCATED_GPU_MEMORY_UTILIZATION if colocate else VLLM_GPU_MEMORY_UTILIZATION
     runners = max(1, int(getattr(config, "num_env_runners", 1) or 0))
     engine_name = str(getattr(config, "engine", "vllm"))
     default_dtype = mc.get("dtype", "float32") if engine_name == "hf" else "float32"
@@ -177,7 +197,7 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
         tensor_parallel=int(ek.get("tensor_parallel_size", 1)),
         dtype=str(ek.get("dtype", default_dtype)),
         kv_dtype=ek.get("kv_cache_dtype") if ek.get("kv_cache_dtype") not in (None, "auto") else None,
-        gpu_memory_utilization=float(ek.get("gpu_memory_utilization", VLLM_GPU_MEMORY_UTILIZATION)),
+        gpu_memory_utilization=float(ek.get("gpu_memory_utilization", default_util)),
         max_model_len=int(ek.get("max_model_len", getattr(config, "max_model_len", 1024))),
         max_num_batched_tokens=int(ek.get("max_num_batched_tokens", VLLM_MAX_NUM_BATCHED_TOKENS)),
         max_num_seqs=int(ek.get("max_num_seqs", VLLM_MAX_NUM_SEQS)),
@@ -205,7 +225,13 @@ def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
                       max_model_len=int(config.max_model_len), gpu_memory_gb=gpu, engine=engine,
                       engine_gpu_memory_gb=eng_gpu, chunk_size=extras["chunk_size"], model_source=source,
                       learner_on_gpu=extras["learner_on_gpu"], host_memory_gb=host_memory_gb)
-    if engine.engine == "vllm" and engine.gpus_per_runner and engine.tensor_parallel > engine.gpus_per_runner:
+    if getattr(config, "colocate", False) and extras["learner_on_gpu"] and out.engine is not None:
+        bucket = int(float(getattr(config, "weight_sync_bucket_mb", 0) or 0) * 2**20)
+        out.colocated = plan_colocated(out.learner, out.engine, out.gpu_memory_gb,
+                                       sleep_level=int(getattr(config, "colocate_sleep_level", 1)),
+                                       bucket_bytes=bucket)
+    if (engine.engine == "vllm" and engine.gpus_per_runner and engine.tensor_parallel > engine.gpus_per_runner
+            and out.colocated is None):  # (a colocated runner holds its GPU share, not a whole GPU)
         out.notes.append(f"tensor_parallel_size={engine.tensor_parallel} needs num_gpus_per_env_runner="
                          f"{engine.tensor_parallel} (got {engine.gpus_per_runner:g})")
     return out

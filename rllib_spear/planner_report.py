@@ -120,6 +120,9 @@ def format_plan(p: "MemoryPlan") -> str:
     if p.engine is not None:
         lines.append("")
         lines += _engine_lines(p.engine)
+    if p.colocated is not None:  # colocate=True: both residents of one GPU (planning/colocate.py)
+        lines.append("")
+        lines += p.colocated.lines()
     for n in p.notes:
         lines.append(f"note: {n}")
     lines.append("")
@@ -139,6 +142,10 @@ def _verdict_lines(p: "MemoryPlan") -> list[str]:
         what = (f"{e.sequences} sequences of {p.max_model_len} tokens in the KV cache" if e.layout.engine == "vllm"
                 else f"weights {_g(e.weights)} GiB")
         parts.append(f"engine {what} on {e.gpu_gib:g} GiB: {_verdict(e.fits)}")
+    c = p.colocated
+    if c is not None and c.fits is not None:
+        parts.append(f"colocated GPU: sampling {_g(max(c.sampling, c.sync))}, training {_g(c.training)} of "
+                     f"{c.gpu_gib:g} GiB: {_verdict(c.fits)}")
     if p.host_fits is not None:
         parts.append(f"learner node host memory {_g(lp.cpu_ram_per_node)} GiB pinned (cpu_offload) of "
                      f"{p.host_memory_gb:g} GiB: {_verdict(p.host_fits)}")

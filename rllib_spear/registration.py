@@ -13,9 +13,29 @@ def algorithm_classes() -> dict[str, type]:
     return {"GRPO-LLM": GRPO, "DrBoT": DrBoT, "SPEAR": SPEAR, "SPADER": SPADER}
 
 
-def register_all() -> None:
-    """Register every algorithm with Tune under its public name."""
-    from ray.tune.registry import register_trainable
+def ray_installed() -> bool:
+    """Whether Ray can be found (``importlib.util.find_spec``), without importing it."""
+    import importlib.util
 
+    try:
+        return importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a module without a spec
+        return False
+
+
+def register_all() -> bool:
+    """Register every algorithm with Tune under its public name; True when done.
+
+    Without Ray installed (a bare GPU machine: benchmarks/gpu_learner_check.py) there is nothing
+    to register with: returns False, so that ``import rllib_spear`` still gives the Ray-free
+    parts (core, models, planner, the learner's update core). An import error of an installed
+    Ray (a broken install) is raised, not hidden."""
+    try:
+        from ray.tune.registry import register_trainable
+    except ImportError:
+        if ray_installed():
+            raise
+        return False
     for name, cls in algorithm_classes().items():
         register_trainable(name, cls)
+    return True

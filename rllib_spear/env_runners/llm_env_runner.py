@@ -26,7 +26,7 @@ from ..coldstart.lookup import resolve_model_path
 from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
 from .engines.base import SamplingConfig
-from .placement import runner_engine_kwargs
+from .placement import runner_engine_kwargs, runner_transfer_backend
 from .rollout import MultiTurnRollout, RolloutConfig
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state", "EVAL_SAMPLING_KEYS"]
@@ -62,6 +62,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._weights_seq_no = 0
         self._weight_stream = None  # an object-store sync being applied (receive_weight_bucket)
         self._shared_weights_reader = None  # the learner's mapped blocks (read_shared_weights)
+        self._transfer_group_id = None  # transport "vllm": the transfer group this engine is in
         self.metrics = MetricsLogger()
         self._rollout: MultiTurnRollout | None = None
         self._build()
@@ -81,11 +82,15 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.model_path = model_path
         seed = int(cfg.seed or 0) * 1000 + self.worker_index
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        engine_kwargs = runner_engine_kwargs(cfg.engine, cfg.engine_kwargs)  # placement.py
+        engine_kwargs = runner_engine_kwargs(cfg.engine, cfg.engine_kwargs, num_gpus=cfg.num_gpus_per_env_runner,
+                                             colocate=bool(getattr(cfg, "colocate", False)))  # placement.py
         if cfg.engine == "hf":
             engine_kwargs.setdefault("dtype", cfg.model_config.get("dtype", "float32"))
         else:  # vLLM sizes its context (and KV cache) by it; its own default is 4096 tokens
             engine_kwargs.setdefault("max_model_len", int(cfg.max_model_len))
+            backend = runner_transfer_backend(cfg)
+            if backend is not None:  # transport "vllm": the engine gets vLLM's transfer engine
+                engine_kwargs.setdefault("weight_transfer_backend", backend)
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
         sampling = SamplingConfig(
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
@@ -327,6 +332,79 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             raise
         if complete:
             self._weights_seq_no = version
+        return self._weights_seq_no
+
+    # ------------------------------------------------------------------ transport "vllm"
+    # vLLM's weight-transfer control plane (weight_streaming/vllm_transfer.py RunnerClient calls
+    # these from learner rank 0); the tensors travel on the backend's own channel.
+    def weight_transfer_endpoint(self) -> dict:
+        """What the learner needs to form a transfer group with this runner's engine: how to
+        reach the runner (its Ray actor handle; the runner itself when it is the driver's local
+        one), the engine's worker count (its ranks in the group) and its weight dtype (the
+        sender casts to it)."""
+        target = self if self.worker_index == 0 else ray.get_runtime_context().current_actor
+        return {"target": target, "world_size": int(self.engine.world_size),
+                "dtype": str(self.engine.weight_dtype).removeprefix("torch.")}
+
+    def weight_transfer_group_id(self) -> str | None:
+        """The transfer group this engine is in (None after a restart or a failed update)."""
+        return self._transfer_group_id
+
+    def init_weight_transfer(self, init_info: Mapping[str, Any], group_id: str | None = None) -> None:
+        """Join the learner's transfer group (blocks until every member joined); an older group
+        is left first."""
+        self._close_weight_stream()
+        if self._transfer_group_id is not None:
+            try:
+                self.engine.shutdown_weight_transfer()
+            except Exception:  # the old group may be broken already
+                pass
+        self._transfer_group_id = None
+        self.engine.init_weight_transfer(init_info)
+        self._transfer_group_id = group_id
+
+    def start_weight_update(self) -> None:
+        self._close_weight_stream()
+        self.engine.start_weight_update()
+
+    def receive_weight_update(self, update_info: Mapping[str, Any]) -> None:
+        """Every engine worker receives the tensors ``update_info`` lists; a failure leaves the
+        group (the next sync forms a new one) and the version as it was."""
+        try:
+            self.engine.receive_weight_update(update_info)
+        except BaseException:
+            self._transfer_group_id = None
+            raise
+
+    def finish_weight_update(self, version: int) -> int:
+        """Close the update (vLLM finalizes its layerwise reload; the prefix cache is reset) and
+        take ``version``: only an update that got here changes the runner's version."""
+        self.engine.finish_weight_update(int(version))
+        self._weights_seq_no = int(version)
+        return self._weights_seq_no
+
+    def shutdown_weight_transfer(self) -> None:
+        self._transfer_group_id = None
+        self.engine.shutdown_weight_transfer()
+
+    # ------------------------------------------------------------------ colocated mode
+    # (docs/design.md "Cluster placement"; the driver's calls: algorithms/grpo/colocation.py)
+    def sleep_engine(self, level: int = 1) -> int:
+        """Colocated runs, after sampling: the engine gives its GPU memory to the learner beside
+        it (``GenerationEngine.sleep``). When the engine drops its weights (vLLM level 2), the
+        runner's version becomes -1 (no valid weights) until the next sync, so that a sync of the
+        version it held before is applied, not skipped, and a missing sync fails the version
+        check. Returns the weights version."""
+        self._close_weight_stream()
+        if self.engine.sleep(int(level)):
+            self._weights_seq_no = -1
+            self.engine.version = -1
+        return self._weights_seq_no
+
+    def wake_engine(self, tags: Sequence[str] | None = None) -> int:
+        """Colocated runs: reallocate the engine's ``tags`` ("weights" before the weight sync,
+        "kv_cache" after it; None = both). Returns the weights version."""
+        self.engine.wake_up(list(tags) if tags is not None else None)
         return self._weights_seq_no
 
     def get_ctor_args_and_kwargs(self):

@@ -51,8 +51,7 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
-from .dtypes import torch_dtype
-from .logprobs import token_logprobs
+from .hf_policy import load_causal_lm, score_batch
 
 __all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "empty_weights"]
 
@@ -101,8 +100,6 @@ class HFCausalLMRLModule(TorchRLModule):
     """A causal LM as an RLModule; generation happens elsewhere (an engine), this scores tokens."""
 
     def setup(self) -> None:
-        from transformers import AutoModelForCausalLM
-
         cfg = dict(self.model_config or {})
         if "model_path" not in cfg:
             raise ValueError("HFCausalLMRLModule needs model_config['model_path']")
@@ -111,55 +108,22 @@ class HFCausalLMRLModule(TorchRLModule):
         self._temperature = float(cfg.get("temperature", 1.0))
         self._compute_entropy = bool(cfg.get("compute_entropy", True))
         path = _model_folder(str(cfg["model_path"]))
-        dtype = torch_dtype(cfg.get("dtype", "float32"))
-        if _EMPTY_INIT.get():
-            # A sharded learner rank other than 0: the architecture only, on the meta device
-            # (no weights read, no memory); rank 0's weights arrive after sharding.
-            from transformers import AutoConfig
-
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         lora = cfg.get("lora")
         self._is_lora = bool(lora) and not self.inference_only
-        if cfg.get("gradient_checkpointing") and not self.inference_only:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.config.use_cache = False
-        if self._is_lora:
-            from peft import LoraConfig, get_peft_model
-
-            lcfg = dict(lora)
-            lcfg.setdefault("task_type", "CAUSAL_LM")
-            model = get_peft_model(model, LoraConfig(**lcfg))
-            if cfg.get("gradient_checkpointing"):
-                model.enable_input_require_grads()
+        # The Ray-free loader (models/hf_policy.py; the GPU check without Ray calls it too). A
+        # sharded learner rank other than 0 (``empty_weights``) builds the architecture only, on
+        # the meta device; rank 0's weights arrive after sharding.
+        model = load_causal_lm(path, dtype=cfg.get("dtype", "float32"), lora=lora if self._is_lora else None,
+                               gradient_checkpointing=bool(cfg.get("gradient_checkpointing")) and not self.inference_only,
+                               empty=_EMPTY_INIT.get())
+        self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = model
 
     # ------------------------------------------------------------------ forward
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
-        ids = torch.as_tensor(batch["input_ids"], dtype=torch.long, device=self._device())
-        mask = batch.get("attention_mask")
-        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, device=ids.device).long()
-        need = batch.get("_need_entropy", kwargs.get("need_entropy", self._compute_entropy))
-        score = batch.get("_score_mask")
-        sample = None if need else batch.get("_entropy_mask")
-        out = token_logprobs(
-            self.model,
-            ids,
-            mask,
-            temperature=self._temperature,
-            chunk_size=self._chunk_size,
-            return_entropy=bool(need),
-            score_mask=None if score is None else torch.as_tensor(score, device=ids.device),
-            entropy_mask=None if sample is None else torch.as_tensor(sample, device=ids.device),
-        )
-        if need:
-            return {"logp": out[0], "entropy": out[1]}
-        if sample is not None:
-            return {"logp": out[0], "entropy_sample": out[1]}
-        return {"logp": out}
+        return score_batch(self.model, batch, device=self._device(), temperature=self._temperature,
+                           chunk_size=self._chunk_size,
+                           need_entropy=kwargs.get("need_entropy", self._compute_entropy))
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         return self._forward(batch, **kwargs)

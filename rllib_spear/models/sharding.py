@@ -10,6 +10,21 @@ bf16, reduce_dtype=fp32)``), so an update of 1e-6 x lr is not rounded away as it
 weights (benchmarks/master_weights.py). ``cpu_offload`` keeps the shards, their gradients and the
 optimizer step in CPU memory (``CPUOffloadPolicy``).
 
+CPU offload on GPUs (docs/design.md "Learner sharding"): FSDP2 copies an offloaded shard to the
+GPU for its own all-gathers, but every other collective on a shard runs on a CPU tensor: gathering
+the weights for the engines (``full_tensor``), the global gradient norm (a CPU partial norm), and
+whatever torch runs on a CPU ``DTensor``. Ray Train starts GPU learners on an NCCL-only group
+("cuda:nccl"), which has no backend for CPU tensors ("No backend type associated with device type
+cpu"). Two measures, both: the FSDP mesh of an offloading learner gets its own group over the same
+ranks with a CPU backend beside the default group's (``offload_group_backend``: "cpu:gloo,
+cuda:nccl", what torchtitan starts when it offloads; ``offload_mesh``), so that no collective on a
+CPU shard can fail; and ``full_tensor`` moves a shard to its mesh's device before gathering (what
+verl does), so that the weights and the norm travel over NCCL rather than gloo over TCP (tens of
+GB per sync for a 32B model). Why a group of our own rather than the default one: RLlib's
+LearnerGroup builds Ray Train's ``TorchConfig`` itself, with no backend option, and torch cannot
+add a backend to an existing group through a public API; a group made with ``dist.new_group``
+(public) and a mesh made with ``DeviceMesh.from_group`` (public) cost one more NCCL communicator.
+
 Scoring: ``rllib_spear.models.logprobs.token_logprobs`` runs the decoder body and the output head
 separately (the head in checkpointed chunks), never the LM's own ``forward``. The root group's
 parameters are all-gathered by FSDP's pre-forward hook, so the sharded LM gets a ``score_tokens``
@@ -21,14 +36,18 @@ No Ray here: the learner (algorithms/grpo/learner.py) calls these on its process
 from __future__ import annotations
 
 import types
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
 from torch import nn
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
 __all__ = [
     "SCORING_METHOD", "shard_causal_lm", "load_full_state_from_rank0", "is_sharded", "transformer_blocks", "full_tensor",
     "iter_full_state", "local_numel", "local_bytes", "global_grad_norm", "clip_grads_",
+    "offload_group_backend", "offload_mesh",
 ]
 
 #: Name of the FSDP forward method ``shard_causal_lm`` adds to the root LM.
@@ -128,25 +147,92 @@ def is_sharded(model: nn.Module) -> bool:
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor: all-gathers a DTensor (a collective: every rank must call it), returns a
-    plain tensor as it is."""
+    plain tensor as it is. A CPU-offloaded shard of a GPU mesh is first copied to the GPU (the
+    module docstring: the gather runs over NCCL) and the whole tensor is returned there."""
     from torch.distributed.tensor import DTensor
 
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    if not isinstance(t, DTensor):
+        return t
+    if _offloaded(t):  # never on CPU meshes
+        # non_blocking: the gather is queued behind the copy on the current stream
+        t = _rewrap(t, t.to_local().to(t.device_mesh.device_type, non_blocking=True))
+    return t.full_tensor()
+
+
+def _rewrap(t, local: torch.Tensor):
+    """``t`` with its local tensor replaced by ``local`` (same mesh, placements, global shape
+    and stride: FSDP's shards can be uneven, which ``from_local`` cannot infer)."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+                              shape=t.shape, stride=t.stride())
+
+
+def offload_group_backend(default_backend: str, cpu_offload: bool) -> str | None:
+    """The backend string of the FSDP group of an offloading learner, or None when the default
+    group serves (no offload, or its backend already handles CPU tensors).
+
+    ``default_backend`` is the default group's backend as ``dist.get_backend_config()`` writes it
+    ("cuda:nccl", "cpu:gloo,cuda:gloo") or as it was passed to ``init_process_group`` ("nccl",
+    "gloo"). Offloading adds "cpu:gloo" to the default group's devices: Ray's "nccl" for GPU
+    learners -> "cpu:gloo,cuda:nccl"; "gloo" (CPU learners) -> None.
+    """
+    if not cpu_offload:
+        return None
+    import torch.distributed as dist
+
+    devices: dict[str, str] = {}
+    for item in (x.strip() for x in str(default_backend).split(",")):
+        if not item:
+            continue
+        if ":" in item:
+            device, name = item.split(":", 1)
+            devices[device.strip().lower()] = name.strip().lower()
+        else:  # a bare name serves every device type it supports
+            for device in dist.Backend.backend_capability.get(item.lower(), []):
+                devices.setdefault(device, item.lower())
+    if "cpu" in devices:
+        return None
+    devices["cpu"] = "gloo"
+    return ",".join(f"{d}:{devices[d]}" for d in sorted(devices))
+
+
+def offload_mesh(device_type: str, *, cpu_offload: bool) -> "DeviceMesh | None":
+    """The 1-D ``DeviceMesh`` to shard on (``shard_causal_lm(mesh=...)``), over a group of every
+    rank with the backend ``offload_group_backend`` asks for; None when the default mesh serves
+    (no offload, no process group, or a default group with a CPU backend). A collective: every
+    rank must call it, in the same order as its other group creations."""
+    import torch.distributed as dist
+
+    if not cpu_offload or not dist.is_initialized():
+        return None
+    backend = offload_group_backend(dist.get_backend_config(), cpu_offload)
+    if backend is None:
+        return None
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(dist.new_group(backend=backend), device_type)
 
 
 def iter_full_state(state: dict[str, torch.Tensor], *, keep: bool,
-                    dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor | None]]:
+                    dtype: torch.dtype | None = None,
+                    device: str | torch.device | None = "cpu") -> Iterator[tuple[str, torch.Tensor | None]]:
     """(name, whole tensor on CPU) of a state dict, one tensor at a time.
 
     Each DTensor is all-gathered, copied to CPU (cast to ``dtype`` when given) and its gathered
     buffer dropped before the next one: a rank never holds more than one extra parameter on its
     device. Ranks with ``keep=False`` take part in the gathers and yield None (only the rank that
-    ships the weights keeps the CPU copy).
+    ships the weights keeps the CPU copy). ``device=None`` keeps each tensor where it was
+    gathered (the vLLM transport sends GPU tensors over NCCL or CUDA IPC as they are); a cast
+    there copies only when ``dtype`` differs.
     """
     for name, t in state.items():
         whole = full_tensor(t.detach())
         if keep:
-            out = whole.to("cpu", dtype=dtype or whole.dtype, copy=True)
+            if device is None:
+                out = whole.to(dtype=dtype or whole.dtype)
+            else:
+                out = whole.to(device, dtype=dtype or whole.dtype, copy=True)
             yield name, out
         else:
             yield name, None
@@ -176,12 +262,43 @@ def local_bytes(tensors: Iterable[torch.Tensor]) -> int:
 def global_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
     """L2 norm of all gradients, over every rank's shards: ||g|| = sqrt(sum_i ||g_i||^2).
 
-    Returns a plain 0-d tensor (the DTensor norm is reduced over the mesh)."""
+    Returns a plain 0-d tensor (the DTensor norm is reduced over the mesh). CPU-offloaded shards
+    of a GPU mesh: ``_norm_of_shards`` (torch's norm of DTensors would reduce the CPU partial norms
+    on the CPU, i.e. over gloo)."""
     gs = [g.detach() for g in grads if g is not None]
     if not gs:
         return torch.zeros(())
+    if any(_offloaded(g) for g in gs):
+        return _norm_of_shards(gs)
     norm = torch.nn.utils.get_total_norm(gs, norm_type=2.0)
     return full_tensor(norm)
+
+
+def _offloaded(t: torch.Tensor) -> bool:
+    """A DTensor whose local shard is not on its mesh's device (FSDP2 ``CPUOffloadPolicy`` on a
+    GPU mesh)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor) and t.to_local().device.type != t.device_mesh.device_type
+
+
+def _norm_of_shards(gs: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm with the local work on the shards where they are (the CPU, torch's
+    foreach kernel) and one all-reduce of this rank's squared norm on the mesh's device: a
+    ``Partial("sum")`` over the dimensions the shards are split on. Plain tensors are whole on
+    every rank and are added once."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    shards = [g for g in gs if isinstance(g, DTensor)]
+    plain = [g for g in gs if not isinstance(g, DTensor)]
+    mesh = shards[0].device_mesh
+    local = torch.nn.utils.get_total_norm([g.to_local() for g in shards], norm_type=2.0)
+    squared = local.float().pow(2).reshape(()).to(mesh.device_type, non_blocking=True)
+    placements = [Partial("sum") if isinstance(p, Shard) else Replicate() for p in shards[0].placements]
+    total = DTensor.from_local(squared, mesh, placements, run_check=False).full_tensor()
+    if plain:
+        total = total + torch.nn.utils.get_total_norm(plain, norm_type=2.0).float().to(total.device).pow(2)
+    return total.sqrt()
 
 
 def clip_grads_(params: Iterable[torch.Tensor], max_norm: float, total_norm: torch.Tensor) -> None:

@@ -16,6 +16,10 @@ GPUS_PER_NODE = 8
 DEFAULT_CHUNK_ELEMENTS = 1 << 24
 #: vLLM defaults assumed when engine_kwargs does not set them.
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+#: ``gpu_memory_utilization`` of a colocated vLLM engine when ``engine_kwargs`` sets none
+#: (``.resources(colocate=True)``): vLLM's own 0.9 would leave the learner beside it almost
+#: nothing (verl's rollout default is 0.5 too). env_runners/placement.py passes it to the engine.
+COLOCATED_GPU_MEMORY_UTILIZATION = 0.5
 VLLM_MAX_NUM_BATCHED_TOKENS = 8192
 VLLM_MAX_NUM_SEQS = 256
 #: vLLM memory outside weights, KV cache and the profile activations: CUDA graphs and the

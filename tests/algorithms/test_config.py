@@ -132,13 +132,13 @@ def test_one_dtype_table_for_learner_and_engines():
     import torch
 
     from rllib_spear.env_runners.engines import hf_engine
-    from rllib_spear.models import dtypes, rl_module
+    from rllib_spear.models import dtypes, hf_policy
 
     for name in ("bf16", "bfloat16", "torch.bfloat16", "BF16"):
         assert dtypes.torch_dtype(name) is torch.bfloat16 and dtypes.dtype_name(name) == "bfloat16"
     assert dtypes.torch_dtype("fp32") is torch.float32 and dtypes.dtype_name("half") == "float16"
-    # the learner's module and the engines resolve through the same function
-    assert rl_module.torch_dtype is dtypes.torch_dtype and hf_engine.torch_dtype is dtypes.torch_dtype
+    # the learner's module (its loader, models/hf_policy.py) and the engines resolve through the same function
+    assert hf_policy.torch_dtype is dtypes.torch_dtype and hf_engine.torch_dtype is dtypes.torch_dtype
     with pytest.raises(ValueError, match="bfloat16"):
         dtypes.torch_dtype("int8")
     SPEARConfig().rl_module(model_config={"model_path": "embedded", "dtype": "bf16"}).validate()

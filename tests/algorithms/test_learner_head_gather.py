@@ -76,16 +76,16 @@ def test_entropy_metric_off_and_bad_knob(path):
 
 
 def test_module_is_asked_for_the_loss_positions_only(path, monkeypatch):
-    from rllib_spear.models import rl_module
+    from rllib_spear.models import hf_policy  # the module's forward (HFCausalLMRLModule -> score_batch)
 
     seen = []
-    real = rl_module.token_logprobs
+    real = hf_policy.token_logprobs
 
     def spy(*a, **kw):
         seen.append((kw.get("score_mask"), kw.get("entropy_mask"), kw.get("return_entropy")))
         return real(*a, **kw)
 
-    monkeypatch.setattr(rl_module, "token_logprobs", spy)
+    monkeypatch.setattr(hf_policy, "token_logprobs", spy)
     _, batch, _ = _update(path, entropy_metric_tokens=5)
     assert seen and all(s is not None for s, _, _ in seen)
     assert sum(int(s.sum()) for s, _, _ in seen) == int((batch["loss_mask"] > 0).sum())

@@ -34,9 +34,11 @@ def test_fused_on_cpu_equals_default_adamw_within_1e_6():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
-def test_sharded_keeps_the_default():
+def test_sharded_takes_the_fused_kernel_too():
+    # FSDP2 shards (CPU-offloaded ones above all) step with the fused kernel; two gloo ranks
+    # against one default AdamW: tests/models/test_cpu_offload.py
     opt = build_adamw(_params(), lr=1.0, betas=(0.9, 0.999), weight_decay=0.0, sharded=True)
-    assert adamw_implementation(opt) == "default"
+    assert adamw_implementation(opt) == "fused"
 
 
 def test_a_refused_fused_kernel_falls_back_to_foreach(monkeypatch):

@@ -76,10 +76,8 @@ def test_weight_update_serves_new_weights(vllm_engine, hf_engine, tiny_path, cha
             assert _max_gap(o.logprobs, updated.score([list(p) + o.token_ids])[0][len(p):]) < 1e-4
         # the trap the recipe avoids: without re-packing the tied head the engine is stale
         if vllm_engine.on_cpu and vllm_engine.tie_word_embeddings:
-            from rllib_spear.env_runners.engines.vllm_engine import _reload
-
             new2 = {k: v + 0.05 * torch.randn_like(v) for k, v in original.items()}
-            vllm_engine.llm.collective_rpc(_reload, args=(list(new2.items()),))
+            vllm_engine.llm.collective_rpc("rllib_spear_reload", args=(list(new2.items()),))
             vllm_engine.llm.reset_prefix_cache()
             updated.update_weights(new2, version=2)
             stale = vllm_engine.score(seqs)

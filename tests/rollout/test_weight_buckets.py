@@ -372,3 +372,50 @@ def test_shared_memory_transport_refuses_lora_and_gpu_learners():
            .rl_module(model_config={"model_path": "embedded"}))
     with pytest.raises(ValueError, match="GPUs"):
         cfg.validate()
+
+
+@pytest.mark.parametrize("engine, learners, resources, error", [
+    ("vllm", {}, {}, None),  # default: transport "vllm", gloo backend on CPU learners
+    ("hf", {}, {}, None),  # default: transport "object_store"
+    ("hf", {"weight_sync_transport": "vllm"}, {}, "needs engine='vllm'"),
+    ("vllm", {"weight_transfer_backend": "nccl"}, {}, "num_gpus_per_learner is 0"),
+    ("vllm", {"weight_transfer_backend": "ipc", "num_gpus_per_learner": 1}, {}, "colocate=True"),
+    ("vllm", {"weight_transfer_backend": "tcp"}, {}, "must be 'auto' or one of"),
+    ("vllm", {"weight_transfer_backend": "nccl", "num_gpus_per_learner": 1}, {}, None),
+])
+def test_vllm_transport_knobs_validate(engine, learners, resources, error):
+    from rllib_spear.algorithms.grpo.config import GRPOConfig
+
+    cfg = (GRPOConfig().env_runners(engine=engine).learners(**learners).resources(**resources)
+           .rl_module(model_config={"model_path": "embedded"}))
+    if error is None:
+        cfg.validate()
+    else:
+        with pytest.raises(ValueError, match=error):
+            cfg.validate()
+
+
+def test_transport_and_backend_resolution():
+    from rllib_spear.weight_streaming.selection import GLOO_BACKEND, resolve_transfer_backend, resolve_transport
+
+    assert resolve_transport(None, "vllm") == "vllm"
+    assert resolve_transport(None, "hf") == "object_store"
+    assert resolve_transport("collective", "vllm") == "collective"
+    assert resolve_transfer_backend("auto", learner_gpus=0, colocate=False) == GLOO_BACKEND
+    assert resolve_transfer_backend("auto", learner_gpus=0, colocate=True) == GLOO_BACKEND
+    assert resolve_transfer_backend("auto", learner_gpus=1, colocate=False) == "nccl"
+    assert resolve_transfer_backend("auto", learner_gpus=0.5, colocate=True) == "ipc"
+    assert resolve_transfer_backend("nccl", learner_gpus=0, colocate=False) == "nccl"
+
+
+def test_runner_builds_its_engine_for_the_resolved_backend():
+    from rllib_spear.algorithms.grpo.config import GRPOConfig
+    from rllib_spear.env_runners.placement import runner_transfer_backend
+    from rllib_spear.weight_streaming.selection import GLOO_BACKEND
+
+    assert runner_transfer_backend(GRPOConfig().env_runners(engine="vllm")) == GLOO_BACKEND
+    assert runner_transfer_backend(GRPOConfig().env_runners(engine="hf")) is None
+    cfg = GRPOConfig().env_runners(engine="vllm").learners(weight_sync_transport="object_store")
+    assert runner_transfer_backend(cfg) is None
+    cfg = GRPOConfig().env_runners(engine="vllm").learners(num_gpus_per_learner=1)
+    assert runner_transfer_backend(cfg) == "nccl"

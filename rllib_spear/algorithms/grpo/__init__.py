@@ -1,5 +1,32 @@
-"""GRPO and Dr.BoT baselines: the shared config, algorithm and learner."""
-from .config import DrBoTConfig, GRPOConfig
-from .grpo import GRPO, DrBoT
+"""GRPO and Dr.BoT baselines: the shared config, algorithm and learner.
+
+Imports are lazy (module ``__getattr__``): ``GRPOConfig``, ``GRPO``, ``DrBoTConfig`` and ``DrBoT``
+load RLlib on first use, while the RLlib-free modules of the learner -- ``update_core`` (the
+update loop, the loss and the optimizer step), ``microbatching`` and ``learner_optim`` -- import
+without Ray (benchmarks/gpu_learner_check.py runs them on a machine that has no Ray).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers only
+    from .config import DrBoTConfig, GRPOConfig
+    from .grpo import GRPO, DrBoT
+
+_EXPORTS = {"GRPOConfig": "config", "DrBoTConfig": "config", "GRPO": "grpo", "DrBoT": "grpo"}
 
 __all__ = ["GRPOConfig", "GRPO", "DrBoTConfig", "DrBoT"]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

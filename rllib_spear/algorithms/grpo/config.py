@@ -16,11 +16,11 @@ from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.util import log_once
 
 from ...core.losses import PolicyLossConfig
-from ...env_runners.placement import resolve_runner_gpus
+from ...env_runners.placement import resolve_colocation, resolve_runner_gpus
 from ...recipe import DRBOT_FILTERS
 from ...recipe.checks import check_recipe
 from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
-    EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, EVALUATION_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS,
+    COLOCATE_DEFAULTS, EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, EVALUATION_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS,
     LOW_PRECISION_MASTER_EFFECT,
     MIXED_PRECISION, PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE, SAMPLING_DEFAULTS, SHARDING_STRATEGIES,
     training_defaults,
@@ -39,7 +39,7 @@ class GRPOConfig(AlgorithmConfig):
             algo_class = GRPO
         super().__init__(algo_class=algo_class)
         for k, v in {**training_defaults(), **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
-                     **ENGINE_RESOURCE_DEFAULTS, **EVALUATION_DEFAULTS}.items():
+                     **ENGINE_RESOURCE_DEFAULTS, **EVALUATION_DEFAULTS, **COLOCATE_DEFAULTS}.items():
             setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
         # RLlib settings that fit this workload.
         from ...env_runners.llm_env_runner import LLMEnvRunner
@@ -132,8 +132,11 @@ class GRPOConfig(AlgorithmConfig):
         * ``gpu_memory_gb``: memory of one learner GPU; when set, ``validate()`` refuses a config
           whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change;
         * ``weight_sync_transport``: how the weights reach the engines (docs/design.md "Weight
-          streaming"): "object_store" (default), "shared_memory" (runners on the learner's node
-          read its CPU weights in place), "collective", "auto" or "driver" (the old path);
+          streaming"): None (default: "vllm" for vLLM engines, else "object_store"), "vllm"
+          (vLLM's own weight-transfer API), "object_store", "shared_memory" (runners on the
+          learner's node read its CPU weights in place), "collective", "auto" or "driver";
+        * ``weight_transfer_backend``: transport "vllm" only: "auto" (default: "rllib_spear_gloo"
+          for CPU learners, "ipc" when colocated, else "nccl"), "nccl", "ipc" or "rllib_spear_gloo";
         * ``weight_sync_bucket_mb``: the size bound of a weight bucket (> 0; default 256).
         """
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in LEARNER_DEFAULTS}
@@ -142,6 +145,34 @@ class GRPOConfig(AlgorithmConfig):
             if v is not NotProvided:
                 setattr(self, k, v)
         return self
+
+    def resources(self, *, colocate: Any = NotProvided, colocate_sleep_level: Any = NotProvided,
+                  **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``resources()`` plus the colocated mode (docs/design.md "Cluster placement"):
+
+        * ``colocate``: True puts each learner rank and one env runner's engine on one GPU (one
+          placement-group bundle under Tune). Needs ``num_learners = num_env_runners >= 1``, a
+          one-GPU engine and ``rollout_pipeline="sync"``; give both ``num_gpus_per_learner`` and
+          ``num_gpus_per_env_runner`` 1 (``validate()`` splits the GPU 0.49 / 0.51) or both 0 (CPU).
+          After sampling the engines sleep, the learners train, then each engine wakes its
+          weights, receives the new ones and wakes its KV cache. A vLLM engine on a GPU is built
+          with ``enable_sleep_mode=True`` and, unless ``engine_kwargs`` sets it,
+          ``gpu_memory_utilization=0.5``.
+        * ``colocate_sleep_level``: 1 (default: the engine's weights wait in pinned CPU memory,
+          its KV cache is dropped) or 2 (the weights are dropped too, no host copy; the weight
+          sync after every update writes them back, as verl does).
+        """
+        own = {"colocate": colocate, "colocate_sleep_level": colocate_sleep_level}
+        super().resources(**kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    @classmethod
+    def resources_keys(cls) -> set[str]:
+        """The ``resources()`` kwargs this library adds to RLlib's."""
+        return set(COLOCATE_DEFAULTS)
 
     def evaluation(self, *, evaluation_interval: Any = NotProvided, eval_before_train: Any = NotProvided,
                    eval_split: Any = NotProvided, eval_num_tasks: Any = NotProvided,
@@ -336,6 +367,8 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`engine` must be 'hf' or 'vllm' (set it with .env_runners(engine=...)), got {self.engine!r}")
         # a tensor-parallel vLLM runner holds its k GPUs (docs/design.md "Cluster placement")
         resolve_runner_gpus(self, err)
+        # colocated mode: a learner rank and an engine per GPU (docs/design.md "Cluster placement")
+        resolve_colocation(self, err)
         if self.temperature <= 0:
             err(f"`temperature` must be > 0, got {self.temperature!r}")
         scoring_t = (self._model_config or {}).get("temperature", self.temperature)
@@ -384,8 +417,10 @@ class GRPOConfig(AlgorithmConfig):
         check_learner_layout(self, self._value_error)
         from ...weight_streaming import TRANSPORTS
 
-        if self.weight_sync_transport not in TRANSPORTS:
-            err(f"`weight_sync_transport` (learners()) must be one of {TRANSPORTS}, got {self.weight_sync_transport!r}")
+        if self.weight_sync_transport is not None and self.weight_sync_transport not in TRANSPORTS:
+            err(f"`weight_sync_transport` (learners()) must be None or one of {TRANSPORTS}, "
+                f"got {self.weight_sync_transport!r}")
+        self._check_vllm_transfer(err)
         if self.weight_sync_transport == "shared_memory":
             fix = "; use weight_sync_transport='object_store' (or 'auto', which picks what can run)"
             if self.sharding == "fsdp":
@@ -401,6 +436,27 @@ class GRPOConfig(AlgorithmConfig):
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
             err(f"`weight_sync_bucket_mb` (learners()) must be a number > 0, got {mb!r}")
         self._warn_on_cold_start_call_format()
+
+    def _check_vllm_transfer(self, err) -> None:
+        """Transport "vllm" and its backend (docs/design.md "The vLLM transport")."""
+        from ...weight_streaming import TRANSFER_BACKENDS, resolve_transfer_backend, resolve_transport
+
+        backend = self.weight_transfer_backend
+        if backend != "auto" and backend not in TRANSFER_BACKENDS:
+            err(f"`weight_transfer_backend` (learners()) must be 'auto' or one of {TRANSFER_BACKENDS}, got {backend!r}")
+        if resolve_transport(self.weight_sync_transport, self.engine) != "vllm":
+            return
+        if self.engine != "vllm":
+            err(f"`weight_sync_transport='vllm'` (learners()) needs engine='vllm' (env_runners()), not "
+                f"{self.engine!r}; leave it None for the HF engine's default ('object_store')")
+        used = resolve_transfer_backend(backend, learner_gpus=self.num_gpus_per_learner or 0,
+                                        colocate=bool(getattr(self, "colocate", False)))
+        if used in ("nccl", "ipc") and not (self.num_gpus_per_learner or 0):
+            err(f"`weight_transfer_backend={used!r}` (learners()) sends from GPU learners, but "
+                "num_gpus_per_learner is 0; use weight_transfer_backend='auto' (the gloo backend on CPU)")
+        if used == "ipc" and not getattr(self, "colocate", False):
+            err("`weight_transfer_backend='ipc'` (learners()) needs each engine on its learner's GPU: set "
+                ".resources(colocate=True), or use 'nccl' for engines on other GPUs")
 
     def _check_rollout_pipeline(self, err) -> None:
         """``rollout_pipeline`` / ``max_policy_lag`` (docs/design.md "Rollout pipelining")."""

@@ -88,17 +88,33 @@ LEARNER_DEFAULTS: dict[str, Any] = {
     "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
     "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
     "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
-    # learner -> engine weight sync (docs/design.md "Weight streaming"): "object_store" (one Ray
-    # object per bucket, put by learner rank 0), "collective" (learner rank 0 broadcasts each
-    # bucket over a gloo group with the runners), "auto" (collective when the group can be
-    # formed, else object_store), "driver" (the whole state through the driver: the old path)
-    "weight_sync_transport": "object_store",
+    # learner -> engine weight sync (docs/design.md "Weight streaming"): None = "vllm" for vLLM
+    # engines, "object_store" for the HF engine; "vllm" (vLLM's own weight-transfer API, the
+    # backend below), "object_store" (one Ray object per bucket, put by learner rank 0),
+    # "shared_memory", "collective" (learner rank 0 broadcasts each bucket over a gloo group with
+    # the runners), "auto" (shared memory, else collective, else object_store), "driver" (the
+    # whole state through the driver: the old path)
+    "weight_sync_transport": None,
+    # transport "vllm": "auto" = "rllib_spear_gloo" for CPU learners, "ipc" when colocated,
+    # else "nccl" (weight_streaming/selection.py)
+    "weight_transfer_backend": "auto",
     "weight_sync_bucket_mb": 256,  # bucket size bound in MB (a larger tensor goes alone)
 }
 
 #: env_runners() kwargs about the engines' hardware (not sampling knobs).
 ENGINE_RESOURCE_DEFAULTS: dict[str, Any] = {
     "engine_gpu_memory_gb": None,  # memory of one engine GPU; None = gpu_memory_gb of learners()
+}
+
+#: resources() kwargs owned by this config (docs/design.md "Cluster placement", colocated mode).
+COLOCATE_DEFAULTS: dict[str, Any] = {
+    # each learner rank shares a GPU (one placement-group bundle) with one env runner's engine,
+    # which sleeps while the learners train (env_runners/placement.py)
+    "colocate": False,
+    # vLLM sleep level while the learners train: 1 = weights backed up to pinned CPU memory and
+    # the KV cache discarded; 2 = weights discarded too (the weight sync that follows every update
+    # writes them back; no host copy of the weights)
+    "colocate_sleep_level": 1,
 }
 
 #: evaluation() kwargs owned by this config (docs/design.md "Validation"), next to RLlib's

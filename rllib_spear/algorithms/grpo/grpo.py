@@ -14,6 +14,9 @@ named by the config):
     joined or in its own optimizer steps);
  7. SIL admission, the version-checked weight sync, metrics.
 
+Colocated mode (``.resources(colocate=True)``, colocation.py): the engines sleep between 5 and 6
+(after sampling), and the weight sync of 7 runs between their two wakes: weights, sync, KV cache.
+
 Validation (``evaluate``, docs/design.md "Validation") runs on the same runners between
 iterations, every ``evaluation_interval`` iterations through RLlib's ``Algorithm.step``, and
 once before the first with ``eval_before_train``.
@@ -37,10 +40,12 @@ from ...callbacks import run_trajectory_callbacks
 from ...core.trajectory import Trajectory
 from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
 from ...recipe.recipe import Metrics
+from .colocation import EngineSleepCycle, check_colocated_placement
 from .config import DrBoTConfig, GRPOConfig
 from .pipeline import OneStepOffPipeline
 from .rollouts import sample_groups
 from .weight_sync import sync_weights
+from ...weight_streaming.selection import resolve_transfer_backend, resolve_transport
 
 __all__ = ["GRPO", "DrBoT", "EVALUATION_BEFORE_TRAIN"]
 
@@ -59,6 +64,24 @@ class GRPO(Algorithm):
     @classmethod
     def get_default_config(cls) -> GRPOConfig:
         return GRPOConfig()
+
+    @classmethod
+    def default_resource_request(cls, config: Any) -> Any:
+        """RLlib's placement group (what Tune reserves for a trial); with ``colocate=True`` each
+        runner's bundle and one learner's are one bundle, one GPU per pair
+        (``placement.colocated_bundles``, docs/design.md "Cluster placement")."""
+        from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
+        from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+        from ...env_runners.placement import colocated_bundles
+
+        pgf = super().default_resource_request(config)
+        cfg = cls.get_default_config().update_from_dict(
+            config.to_dict() if isinstance(config, AlgorithmConfig) else config)
+        if not cfg.colocate:
+            return pgf
+        cfg.validate()  # the resolved GPU shares
+        return PlacementGroupFactory(bundles=colocated_bundles(cfg, pgf.bundles), strategy=pgf.strategy)
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: GRPOConfig) -> None:
@@ -93,6 +116,11 @@ class GRPO(Algorithm):
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
         self._pipeline = (OneStepOffPipeline(config.max_policy_lag)
                           if config.rollout_pipeline == "one_step_off" else None)
+        self._sleep_cycle = EngineSleepCycle(config.colocate_sleep_level) if config.colocate else None
+        #: colocated runs on GPUs: {runner index: learner rank on the same GPU}
+        self.colocated_pairs: dict[int, int] = {}
+        if config.colocate and (config.num_gpus_per_learner or 0) > 0:
+            self.colocated_pairs = check_colocated_placement(self.learner_group, self.env_runner_group)
         self.sync_weights()
 
     @property
@@ -121,17 +149,28 @@ class GRPO(Algorithm):
         self._warn_if_filtered_out(kept.fractions)
         rows = self.recipe.learner_rows(trajs, adv, kept)
         replay = self.recipe.replay(step)
+        cycle = self._sleep_cycle
+        if cycle is not None:  # colocated: the engines give the GPU to the learners (colocation.py)
+            cycle.sleep(self.env_runner_group)
         t0 = time.perf_counter()
-        if replay.joint:
-            self.update_learners(rows + replay.rows, step)
-        else:
-            self.update_learners(rows, step)
-            if replay.rows:  # sequential SIL: its own optimizer steps after the on-policy ones
-                self.update_learners(replay.rows, step)
+        try:
+            if replay.joint:
+                self.update_learners(rows + replay.rows, step)
+            else:
+                self.update_learners(rows, step)
+                if replay.rows:  # sequential SIL: its own optimizer steps after the on-policy ones
+                    self.update_learners(replay.rows, step)
+        except BaseException:
+            if cycle is not None:  # no sync follows: the engines wake as they are
+                cycle.wake_all(self.env_runner_group)
+            raise
         t_train = time.perf_counter() - t0
         self._log(self.recipe.after_update(trajs, adv, kept, step, replay))
         self.algo_step = step
         self.sync_weights()
+        if cycle is not None:  # what sharing the GPUs cost this iteration
+            for k, v in cycle.pop_seconds().items():
+                self.metrics.log_value(("colocate", f"engine_{k}_s"), v, window=1)
         self._log_rollout_metrics(trajs, runner_stats, kept.fractions, t_sample)
         trained_tokens = sum(int(r.traj.length) for r in rows + replay.rows)
         self.metrics.log_value("train_tokens_per_s", trained_tokens / max(t_train, 1e-9), window=1)
@@ -217,12 +256,25 @@ class GRPO(Algorithm):
         return res
 
     def sync_weights(self) -> None:
-        """The learners' weights to every runner, version-checked (rollouts run on the new version)."""
+        """The learners' weights to every runner, version-checked (rollouts run on the new version).
+        Colocated engines asleep after an update wake their weights first and their KV cache
+        after (colocation.py)."""
         if self.env_runner_group is not None:
             cfg = self.config
-            self._policy_version = sync_weights(self.learner_group, self.env_runner_group, cfg.sharding,
-                                                transport=cfg.weight_sync_transport,
-                                                bucket_mb=cfg.weight_sync_bucket_mb)
+            cycle = getattr(self, "_sleep_cycle", None)
+            if cycle is not None:
+                cycle.wake_for_sync(self.learner_group, self.env_runner_group)
+            try:
+                self._policy_version = sync_weights(
+                    self.learner_group, self.env_runner_group, cfg.sharding,
+                    transport=resolve_transport(cfg.weight_sync_transport, cfg.engine),
+                    bucket_mb=cfg.weight_sync_bucket_mb,
+                    transfer_backend=resolve_transfer_backend(cfg.weight_transfer_backend,
+                                                              learner_gpus=cfg.num_gpus_per_learner or 0,
+                                                              colocate=bool(getattr(cfg, "colocate", False))))
+            finally:
+                if cycle is not None:
+                    cycle.wake_kv_cache(self.env_runner_group)
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, then the version-checked weight sync of the restored runners."""

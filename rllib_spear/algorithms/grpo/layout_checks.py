@@ -28,6 +28,15 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
             f"'global_norm') (got {cfg.grad_clip_by!r})")
     if cfg.cpu_offload and cfg.sharding != "fsdp":
         err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
+    cpus = getattr(cfg, "num_cpus_per_learner", "auto")
+    if (cfg.cpu_offload and (getattr(cfg, "num_gpus_per_learner", 0) or 0) > 0
+            and (not isinstance(cpus, (int, float)) or cpus < 1) and log_once("offload_one_thread")):
+        # GPU learners reserve no CPU by default ("auto" = 0): the offloaded AdamW step would run
+        # on one thread (models/threads.py). A warning: the CPUs a node can spare are the user's call.
+        logging.getLogger(__name__).warning(
+            "cpu_offload=True runs the AdamW step of each learner's shards on the CPU, with one torch "
+            "thread per learner at num_cpus_per_learner=%r: reserve cores for it with "
+            ".learners(num_cpus_per_learner=N) (N threads per learner).", cpus)
     if cfg.gpu_memory_gb is not None and (not isinstance(cfg.gpu_memory_gb, (int, float))
                                            or cfg.gpu_memory_gb <= 0):
         err(f"`gpu_memory_gb` must be a number > 0 or None, got {cfg.gpu_memory_gb!r}")

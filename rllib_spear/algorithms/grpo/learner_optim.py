@@ -5,8 +5,12 @@ kernel chain per parameter tensor) and the multi-tensor ``foreach`` one on CUDA.
 implementation (one kernel over every tensor, CPU and CUDA since torch 2.4) computes the same
 update, m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2, p -= lr (m_hat / (sqrt(v_hat) + eps) +
 wd p), with float32 rounding differences only (tests/algorithms/test_learner_optim.py: <= 1e-6
-after 20 steps). Sharded (FSDP2 DTensor) parameters keep torch's default: the fused kernel
-over DTensor shards is not covered by our CPU tests.
+after 20 steps). Sharded (FSDP2 DTensor) parameters take the same kernels: DTensor runs the
+fused (and foreach) AdamW on each rank's local shards, which matters most for CPU-offloaded
+shards, where torch's default is the for-loop (its foreach default covers accelerators only).
+Two gloo ranks with offloaded shards step like one unsharded default AdamW (tests/models/test_cpu_offload.py). The
+CPU kernels run on torch's intra-op threads: a learner's ``num_cpus_per_learner``
+(models/threads.py).
 """
 from __future__ import annotations
 
@@ -23,10 +27,11 @@ _IMPLEMENTATIONS: tuple[tuple[str, dict], ...] = (("fused", {"fused": True}), ("
 def build_adamw(params: Iterable[torch.nn.Parameter], *, lr: float, betas: tuple[float, float],
                 weight_decay: float, sharded: bool = False) -> torch.optim.AdamW:
     """AdamW over ``params``: fused when torch supports it on their device (CPU included),
-    else foreach, else the default; ``sharded``: torch's default (see the module docstring)."""
+    else foreach, else the default. ``sharded`` (FSDP2 DTensor shards, offloaded or not) takes
+    the same order (see the module docstring); the flag is kept for the callers."""
     params = list(params)
     common = dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay)
-    if sharded or not params:
+    if not params:
         return torch.optim.AdamW(params, **common)
     for _, kwargs in _IMPLEMENTATIONS:
         try:

@@ -6,18 +6,31 @@ the frozen reference model of the KL term, FSDP2 sharding before the optimizer i
 AdamW holds the float32 master shards and their state), the compute context of mixed
 precision, and the collectives and byte counts that depend on the layout. Under "ddp" RLlib
 wraps the module in DDP as usual.
+
+CPU offload (docs/design.md "Learner sharding"): an offloading learner on GPUs shards on a mesh
+whose group has a CPU backend beside NCCL (``sharding.offload_mesh``; the reasons are in
+models/sharding.py), and its torch threads are the CPUs reserved for it (``num_cpus_per_learner``,
+models/threads.py), since the AdamW step on its shards runs on the CPU.
+
+The reference model is held in the compute dtype under ``mixed_precision="bf16"``
+(``reference_model``): it is never updated, so it needs no float32 master copy. Under FSDP its
+log-probs are exactly those of a float32 copy (the policy's bf16 all-gather rounds the same
+weights to the same bf16 values); under autocast they differ by bf16 rounding
+(tests/models/test_cpu_offload.py). Half the memory either way: a 7B reference is 14 GB, not 28.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 from ray.rllib.core.learner.torch.torch_learner import TorchLearner
 from ray.rllib.utils.annotations import override
 
 from ...models import sharding
+from ...models.threads import apply_torch_threads, learner_torch_threads
 
-__all__ = ["ModuleLayoutMixin", "rank", "hf_model_of"]
+__all__ = ["ModuleLayoutMixin", "rank", "hf_model_of", "reference_model"]
 
 
 def rank() -> int:
@@ -36,12 +49,32 @@ def hf_model_of(module):
     raise AttributeError(f"{type(module).__name__} holds no HF model under .model/.lm/.hf_model")
 
 
+#: The dtype a frozen reference model is held in, by ``mixed_precision`` (None: the policy's own).
+REFERENCE_DTYPES: dict[str | None, torch.dtype | None] = {None: None, "bf16": torch.bfloat16}
+
+
+def reference_model(lm: torch.nn.Module, mixed_precision: str | None) -> torch.nn.Module:
+    """A frozen copy of the causal LM ``lm`` (eval mode, no gradients) for the KL term, its
+    parameters cast to the compute dtype of ``mixed_precision`` (``REFERENCE_DTYPES``). Buffers
+    keep their dtype (RoPE's ``inv_freq`` in bf16 would move every position's angle), and the
+    cast is in place on each parameter object, so tied embeddings stay one tensor."""
+    ref = copy.deepcopy(lm).eval()
+    ref.requires_grad_(False)
+    dtype = REFERENCE_DTYPES[mixed_precision]
+    if dtype is not None:
+        for p in ref.parameters():  # parameters() yields a tied tensor once
+            p.data = p.data.to(dtype)
+    return ref
+
+
 class ModuleLayoutMixin:
     """Module construction and layout of a TorchLearner (mixed in before TorchLearner).
 
     Sets ``self._ref_model``: the frozen reference policy when ``kl_coeff > 0``, else None."""
 
     _ref_model: torch.nn.Module | None = None
+    _fsdp_mesh = None  # the mesh both models are sharded on (None: fully_shard's default)
+    _fsdp_mesh_ready = False
 
     @property
     def is_sharded(self) -> bool:
@@ -52,6 +85,7 @@ class ModuleLayoutMixin:
     def _make_module(self):
         config = self.config
         device = self.device
+        self._apply_learner_threads()
         if self.is_sharded and device is not None and device.type == "cuda":
             torch.cuda.set_device(device)  # FSDP's default mesh uses the current device
         if self.is_sharded and rank() != 0:
@@ -68,12 +102,9 @@ class ModuleLayoutMixin:
             if float(getattr(config, "kl_coeff", 0.0) or 0.0) > 0 and self._ref_model is None:
                 # KL to a frozen reference (SPADER option): a copy of the initial policy,
                 # learner-only, taken before sharding (and sharded like the policy).
-                import copy
-
                 from ...models.logprobs import unwrap_causal_lm
 
-                self._ref_model = copy.deepcopy(unwrap_causal_lm(hf)).eval()
-                self._ref_model.requires_grad_(False)
+                self._ref_model = reference_model(unwrap_causal_lm(hf), getattr(config, "mixed_precision", None))
                 if self.is_sharded:
                     self._shard_from_rank0(self._ref_model)
             if self.is_sharded:
@@ -99,11 +130,30 @@ class ModuleLayoutMixin:
         if not self.is_sharded:  # FSDP shards instead of replicating
             super()._make_modules_ddp_if_necessary()
 
+    def _apply_learner_threads(self) -> int:
+        """torch's intra-op threads: ``torch_num_threads``, else the CPUs Ray reserves for a
+        remote learner (``num_cpus_per_learner``; models/threads.py). Returns the count."""
+        config = self.config
+        return apply_torch_threads(learner_torch_threads(
+            getattr(config, "torch_num_threads", None), getattr(config, "num_cpus_per_learner", "auto"),
+            int(getattr(config, "num_learners", 0) or 0)))
+
+    def _sharding_mesh(self):
+        """The mesh of both sharded models, made once (a collective: every rank gets here in
+        the same order): ``sharding.offload_mesh`` under cpu_offload, else None (the default
+        mesh)."""
+        if not self._fsdp_mesh_ready:
+            device = self.device
+            self._fsdp_mesh = sharding.offload_mesh("cpu" if device is None else device.type,
+                                                    cpu_offload=bool(self.config.cpu_offload))
+            self._fsdp_mesh_ready = True
+        return self._fsdp_mesh
+
     def _shard_from_rank0(self, model) -> None:
         """FSDP2-shard ``model`` and fill every rank's shards from rank 0's loaded weights."""
         full = dict(model.state_dict()) if rank() == 0 else None  # CPU tensors, no copy
         sharding.shard_causal_lm(model, mixed_precision=self.config.mixed_precision,
-                                 cpu_offload=bool(self.config.cpu_offload))
+                                 cpu_offload=bool(self.config.cpu_offload), mesh=self._sharding_mesh())
         sharding.load_full_state_from_rank0(model, full, self.device)
 
     def _apply_activation_checkpointing(self, rlm, hf) -> None:

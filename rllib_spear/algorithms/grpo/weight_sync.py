@@ -8,7 +8,7 @@ import weakref
 from typing import Any, Iterator
 
 __all__ = ["sync_weights", "object_store_sync", "shared_memory_sync", "stream_learner_buckets", "send_bucket",
-           "release_learner_buckets", "check_versions", "collective_sync"]
+           "release_learner_buckets", "check_versions", "collective_sync", "vllm_transfer_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -17,6 +17,11 @@ _TAG = "rllib_spear_weight_sync"
 #: env-runner group -> {"group_id", "size"} of its weight group; "auto" groups that could not be
 #: formed map to {"group_id": None} (the object store is used from then on).
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+#: env-runner group -> {"group_id", "size"} of its vLLM transfer group (transport "vllm"), or
+#: {"group_id": None, "why": ...} when the learner cannot reach the runners (object store then).
+_TRANSFER_GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+#: env-runner groups whose "vllm" transport fell back to the object store (said once).
+_FELL_BACK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 #: env-runner group -> {"runners", "why"}: whether "shared_memory" can run, for these runners.
 _SHARED_POSSIBLE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
@@ -171,6 +176,61 @@ def collective_sync(learner_group: Any, env_runner_group: Any, bucket_bytes: int
     return versions, int(sent[0][0])
 
 
+def _form_transfer_group(learner_group: Any, env_runner_group: Any, backend: str, bucket_bytes: int) -> dict:
+    """A new vLLM transfer group of the learners (rank 0 sends) and every healthy runner's
+    engine: each runner says how to reach it, its engine's worker count and weight dtype; every
+    learner rank builds vLLM's trainer engine (rank 0 rendezvouses with the engines)."""
+    endpoints = _foreach_runner(env_runner_group, lambda runner: runner.weight_transfer_endpoint())
+    if not endpoints:
+        raise RuntimeError("weight sync: no healthy runner answered")
+    dtypes = {e["dtype"] for e in endpoints}
+    if len(dtypes) != 1:
+        raise RuntimeError(f"weight sync: the runners' engines hold different dtypes {sorted(dtypes)}")
+    group_id = f"transfer-{uuid.uuid4().hex[:12]}"
+    targets = [e["target"] for e in endpoints]
+    sizes = [e["world_size"] for e in endpoints]
+    wire = dtypes.pop()
+    results = learner_group.foreach_learner(
+        lambda learner, g=group_id, t=targets, s=sizes: learner.vllm_transfer_init(
+            g, backend, t, s, bucket_bytes, wire))
+    errors = [r.get() for r in results.result_or_errors if not r.ok]
+    if errors:
+        raise errors[0]
+    logger.info("vLLM transfer group %s (%s) formed: learner rank 0 and %d runners (%d engine workers), %s on the "
+                "wire", group_id, backend, len(targets), sum(sizes), wire)
+    return {"group_id": group_id, "size": len(targets)}
+
+
+def _transfer_unreachable(learner_group: Any, env_runner_group: Any) -> str:
+    """Why learner rank 0 cannot call the runners ("" when it can): the driver's local runner
+    has no actor handle, so it is reachable only from a learner in the driver's process."""
+    if env_runner_group.num_remote_env_runners() == 0 and not learner_group.is_local:
+        return "the runner is the driver's local one and the learners are remote actors"
+    if env_runner_group.num_remote_env_runners() > 0 and env_runner_group.num_healthy_remote_env_runners() == 0:
+        return "no healthy remote runner"
+    return ""
+
+
+def vllm_transfer_sync(learner_group: Any, env_runner_group: Any, backend: str,
+                       bucket_bytes: int) -> tuple[list[int], int]:
+    """Transport "vllm": (re-)form the transfer group when its runners changed (a restarted
+    runner is in none), then one sync through vLLM's weight-transfer API; returns (the runners'
+    versions, the sent version). A runner whose update did not finish keeps its old version."""
+    ids = _foreach_runner(env_runner_group, lambda runner: runner.weight_transfer_group_id())
+    state = _TRANSFER_GROUPS.get(env_runner_group)
+    if state is None or ids != [state["group_id"]] * len(ids) or len(ids) != state["size"]:
+        _TRANSFER_GROUPS.pop(env_runner_group, None)
+        state = _TRANSFER_GROUPS[env_runner_group] = _form_transfer_group(
+            learner_group, env_runner_group, backend, bucket_bytes)
+    try:
+        sent = _rank0_result(learner_group.foreach_learner(lambda learner: learner.vllm_transfer_send()))
+    except Exception:
+        _TRANSFER_GROUPS.pop(env_runner_group, None)  # re-form on the next sync
+        raise
+    versions = _foreach_runner(env_runner_group, lambda runner: runner.weights_version)
+    return versions, int(sent)
+
+
 def _collective_possible(learner_group: Any, env_runner_group: Any) -> str:
     """Why the collective transport cannot run here ("" when it can)."""
     if env_runner_group.num_remote_env_runners() == 0:
@@ -241,7 +301,8 @@ def _shared_memory_possible(learner_group: Any, env_runner_group: Any) -> str:
 
 
 def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
-                 transport: str = "object_store", bucket_mb: float = 256) -> int:
+                 transport: str = "object_store", bucket_mb: float = 256,
+                 transfer_backend: str = "rllib_spear_gloo") -> int:
     """Push the learners' weights to every runner, check each runner's version, return it.
 
     RLlib's ``sync_weights`` is fire-and-forget with a cap on requests in flight, so a sync can
@@ -255,7 +316,10 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
     learner's node read its weights straight from shared memory), "collective" (learner rank 0
     broadcasts the buckets over a gloo group of itself and the runners), "auto" (shared memory
     when it can run, else the collective when its group can be formed, else the object store)
-    or "driver" (the whole state through the driver, one object for all runners: the old path).
+    or "driver" (the whole state through the driver, one object for all runners: the old path),
+    or "vllm" (vLLM's own weight-transfer API with ``transfer_backend``: learner rank 0 drives
+    the engines' start / update / finish and sends in the engines' dtype; where the learner
+    cannot reach the runners, the object store, said once).
     """
     from ...weight_streaming import TRANSPORTS
 
@@ -270,6 +334,20 @@ def sync_weights(learner_group: Any, env_runner_group: Any, sharding: str, *,
         if transport == "shared_memory":
             raise ValueError(f"weight_sync_transport='shared_memory' cannot run: {why}; use 'auto' or 'object_store'")
     bucket_bytes = max(1, int(bucket_mb * 2**20))
+    if transport == "vllm":
+        why = _transfer_unreachable(learner_group, env_runner_group)
+        if not why:
+            try:
+                return check_versions(*vllm_transfer_sync(learner_group, env_runner_group, transfer_backend,
+                                                          bucket_bytes))
+            except Exception as e:
+                # e.g. a runner died mid-update: this sync goes through the object store (every
+                # runner's version is still checked), the next one re-forms the group
+                logger.warning("weight sync: the vLLM transfer group failed (%s: %s); this sync uses the "
+                               "object store", type(e).__name__, e)
+        elif env_runner_group not in _FELL_BACK:
+            _FELL_BACK[env_runner_group] = True
+            logger.warning("weight_sync_transport='vllm' cannot run here (%s); using the object store", why)
     if transport in ("collective", "auto"):
         why = _collective_possible(learner_group, env_runner_group)
         if why and transport == "collective":

