@@ -15,6 +15,12 @@ __all__ = ["rollout_metrics", "reward_component_key", "task_metrics", "pass_at_k
            "source_name", "source_table", "AVERAGE_SOURCE"]
 
 _OPTIONAL_MEANS = ("em", "f1", "precision", "recall", "correct")
+#: Agent-loop counters of the runners (``RolloutStats.loop_metrics``) and how runners combine:
+#: totals add up, extremes take the max, per-runner levels (percentiles, live episodes) average.
+_LOOP_STATS = {"engine_idle_s": sum, "tool_timeouts": sum, "tool_calls_abandoned": sum,
+               "tool_latency_p50_s": lambda v: float(np.mean(v)), "tool_latency_p95_s": max,
+               "tool_latency_max_s": max, "concurrent_episodes_max": max,
+               "concurrent_episodes_mean": lambda v: float(np.mean(v)), "tool_calls_concurrent_max": max}
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -40,7 +46,9 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     the prompt); truncation_rate; rollout_error_rate (fraction of episodes ended by an exception
     while building a turn, ``Trajectory.rollout.error``; counted in truncation_rate too) and
     rollout_errors (their count); sandbox_weak_rate (code environments: share of episodes whose
-    code ran outside bubblewrap); generation tokens/s over all runners; policy_version_lag_max.
+    code ran outside bubblewrap); generation tokens/s over all runners; policy_version_lag_max;
+    the agent loop's counters the runners report (``_LOOP_STATS``: engine idle time, tool-call
+    latency p50/p95/max, concurrent episodes, tool timeouts and abandoned calls).
     """
     n = len(trajs)
     out: dict[str, float] = {"num_episodes": float(n)}
@@ -82,6 +90,10 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
             for s in runner_stats if s.get("generation_time_s", 0) > 0))
     out["env_time_s"] = sum(float(s.get("env_time_s", 0.0)) for s in runner_stats)
     out["generation_time_s"] = gen_t
+    for key, combine in _LOOP_STATS.items():  # the agent loop's counters (docs/design.md "The agent loop")
+        vals = [float(s[key]) for s in runner_stats if key in s]
+        if vals:
+            out[key] = combine(vals)
     if expected_version is not None:
         out["policy_version"] = float(max(t.policy_version for t in trajs))
         out["policy_version_lag_max"] = float(max(expected_version - t.policy_version for t in trajs))

@@ -25,6 +25,7 @@ from ..core.trajectory import Trajectory
 from ..coldstart.lookup import resolve_model_path
 from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
+from .async_rollout import make_rollout
 from .engines.base import SamplingConfig
 from .placement import runner_engine_kwargs, runner_transfer_backend
 from .rollout import MultiTurnRollout, RolloutConfig
@@ -36,6 +37,10 @@ __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_stat
 EVAL_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_new_tokens")
 #: Separates the evaluation seed stream from the training one (any fixed number would do).
 _EVAL_STREAM = 0x5EED_E7A1
+#: How the runner's metrics combine ``RolloutStats.loop_metrics()`` over calls (else the mean).
+_LOOP_METRIC_REDUCE = {"engine_idle_s": "sum", "tool_calls": "sum", "tool_timeouts": "sum",
+                       "tool_calls_abandoned": "sum", "tool_latency_max_s": "max",
+                       "concurrent_episodes_max": "max", "tool_calls_concurrent_max": "max"}
 
 
 def hf_state_dict_from_module_state(state: Any) -> dict:
@@ -91,6 +96,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             backend = runner_transfer_backend(cfg)
             if backend is not None:  # transport "vllm": the engine gets vLLM's transfer engine
                 engine_kwargs.setdefault("weight_transfer_backend", backend)
+            if cfg.rollout_mode == "async":  # vLLM's async engine: requests join the running batch
+                engine_kwargs.setdefault("async_engine", True)
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
         sampling = SamplingConfig(
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
@@ -105,7 +112,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if "max_turns" not in env_config and env.accepts("max_turns"):
             env_config["max_turns"] = cfg.max_turns
         env.make(env_config)  # fail here, naming the env, rather than in the first episode
-        self._rollout = MultiTurnRollout(
+        # the agent loop (docs/design.md "The agent loop"): turn_sync or async, one per runner
+        loop_kw = {"tool_concurrency": None if cfg.tool_concurrency is None else int(cfg.tool_concurrency),
+                   "tool_timeout_s": cfg.tool_timeout_s}
+        self._rollout = make_rollout(
+            cfg.rollout_mode, **loop_kw,
             engine=self.engine, tokenizer=self.tokenizer,
             env_factory=lambda: env.make(env_config),
             sampling=sampling,
@@ -119,7 +130,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._sample_calls = 0
         # Evaluation: its own rollout (own env pool and sampling parameters, same engine and
         # limits) and its own call counter, so that it changes nothing training samples with.
-        self._eval_rollout = MultiTurnRollout(
+        self._eval_rollout = make_rollout(
+            cfg.rollout_mode, **loop_kw,
             engine=self.engine, tokenizer=self.tokenizer, env_factory=self._rollout.env_factory,
             sampling=dataclasses.replace(self._rollout.sampling), config=self._rollout.config)
         self._eval_calls = 0
@@ -155,6 +167,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")
         self.metrics.log_value("num_episodes", len(trajs), reduce="sum")
         self.metrics.log_value("rollout_errors", stats.rollout_errors, reduce="sum")
+        for k, v in stats.loop_metrics().items():  # the agent loop's counters (RolloutStats)
+            self.metrics.log_value(k, v, reduce=_LOOP_METRIC_REDUCE.get(k, "mean"))
         return self._result(trajs, stats)
 
     def evaluate_groups(self, *, tasks: Sequence[dict], group_size: int,
@@ -194,6 +208,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 "engine_calls": stats.engine_calls,
                 "rollout_errors": stats.rollout_errors,
                 "weights_seq_no": self._weights_seq_no,
+                **stats.loop_metrics(),
             },
         }
 

@@ -1,6 +1,8 @@
 """The multi-turn rollout loop: engine + tokenizer + tool environments -> Trajectories.
 
-No Ray here: ``LLMEnvRunner`` wraps this class for RLlib, and tests drive it directly.
+No Ray here: ``LLMEnvRunner`` wraps this class for RLlib, and tests drive it directly. This is
+the turn-synchronous loop (``rollout_mode="turn_sync"``); env_runners/async_rollout.py runs the
+same pieces with one coroutine per episode (docs/design.md "The agent loop").
 
 Token-in/token-out: the prompt is tokenized once from the environment's initial messages with
 the chat template; each assistant turn keeps exactly the ids the engine sampled (never decoded
@@ -24,10 +26,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from ..core.episode import EpisodeStats, EpisodeStatsError, RolloutRecord
 from ..core.filters import is_overlong
 from ..core.trajectory import Segment, Trajectory
-from ..envs.base import ToolEnv
+from ..envs.base import StepResult, ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from .text_safety import safe_text
 
@@ -132,14 +136,42 @@ class RolloutConfig:
 
 @dataclass
 class RolloutStats:
-    """Timing/throughput counters of one ``run`` call."""
+    """Timing/throughput counters of one ``run`` call.
+
+    The agent-loop counters (docs/design.md "The agent loop") mean the same in both rollout
+    modes: ``engine_idle_s`` is the time, between the first and the last turn of the call, with
+    no generation request in the engine; ``tool_latencies_s`` one entry per env step (a timed-out
+    step: the time waited); ``concurrent_episodes_*`` the live (unfinished) episodes over time.
+    ``tool_timeouts`` / ``tool_calls_abandoned`` / ``tool_calls_concurrent_max`` are 0 in
+    ``turn_sync``, where env steps run one at a time and are never timed out."""
 
     generation_time_s: float = 0.0
     env_time_s: float = 0.0
     generated_tokens: int = 0
     engine_calls: int = 0
     rollout_errors: int = 0  # episodes ended by an exception while building a turn
+    engine_idle_s: float = 0.0
+    tool_latencies_s: list[float] = field(default_factory=list)
+    concurrent_episodes_max: int = 0
+    concurrent_episodes_mean: float = 0.0
+    tool_calls_concurrent_max: int = 0
+    tool_timeouts: int = 0  # env steps that exceeded tool_timeout_s (async mode)
+    tool_calls_abandoned: int = 0  # of those, calls whose thread was left running
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def loop_metrics(self) -> dict[str, float]:
+        """The agent-loop counters as flat numbers (what ``LLMEnvRunner`` reports)."""
+        lat = np.asarray(self.tool_latencies_s, dtype=np.float64)
+        q = (lambda p: float(np.percentile(lat, p))) if lat.size else (lambda p: 0.0)
+        return {"engine_idle_s": float(self.engine_idle_s),
+                "tool_latency_p50_s": q(50), "tool_latency_p95_s": q(95),
+                "tool_latency_max_s": float(lat.max()) if lat.size else 0.0,
+                "tool_calls": float(lat.size),
+                "concurrent_episodes_max": float(self.concurrent_episodes_max),
+                "concurrent_episodes_mean": float(self.concurrent_episodes_mean),
+                "tool_calls_concurrent_max": float(self.tool_calls_concurrent_max),
+                "tool_timeouts": float(self.tool_timeouts),
+                "tool_calls_abandoned": float(self.tool_calls_abandoned)}
 
 
 @dataclass
@@ -237,10 +269,38 @@ class MultiTurnRollout:
     ) -> tuple[list[Trajectory], RolloutStats]:
         """Sample ``group_size`` episodes for every task; returns finished trajectories in
         task order (all G of a task share the task's ``uid``)."""
+        stats = RolloutStats()
+        episodes = self._start_episodes(tasks, group_size, stats)
+        t_loop, live_time = time.perf_counter(), 0.0
+        live = list(episodes)
+        stats.concurrent_episodes_max = len(live)
+        while live:
+            t_turn = time.perf_counter()
+            caps = [self._generation_cap(ep) for ep in live]
+            t0 = time.perf_counter()
+            outs = self.engine.generate([ep.context for ep in live], self.sampling, caps)
+            stats.generation_time_s += time.perf_counter() - t0
+            stats.engine_calls += 1
+            t0 = time.perf_counter()
+            for ep, out in zip(live, outs):
+                self._consume(ep, out, stats)
+            stats.env_time_s += time.perf_counter() - t0
+            live_time += len(live) * (time.perf_counter() - t_turn)
+            live = [ep for ep in live if not ep.done]
+        loop_s = time.perf_counter() - t_loop
+        # the engine works only inside generate: every other moment of the loop it idles
+        stats.engine_idle_s = max(0.0, loop_s - stats.generation_time_s)
+        stats.concurrent_episodes_mean = live_time / loop_s if loop_s > 0 else 0.0
+
+        trajs = [self._finish(ep, policy_version) for ep in episodes]
+        return trajs, stats
+
+    def _start_episodes(self, tasks: Sequence[dict[str, Any]], group_size: int,
+                        stats: RolloutStats) -> list[_Episode]:
+        """Reset ``group_size`` environments per task and tokenize their prompts (task order)."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         cfg = self.config
-        stats = RolloutStats()
         episodes: list[_Episode] = []
         t0 = time.perf_counter()
         for task in tasks:
@@ -256,22 +316,7 @@ class MultiTurnRollout:
                     )
                 episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt), task))
         stats.env_time_s += time.perf_counter() - t0
-
-        live = list(episodes)
-        while live:
-            caps = [self._generation_cap(ep) for ep in live]
-            t0 = time.perf_counter()
-            outs = self.engine.generate([ep.context for ep in live], self.sampling, caps)
-            stats.generation_time_s += time.perf_counter() - t0
-            stats.engine_calls += 1
-            t0 = time.perf_counter()
-            for ep, out in zip(live, outs):
-                self._consume(ep, out, stats)
-            stats.env_time_s += time.perf_counter() - t0
-            live = [ep for ep in live if not ep.done]
-
-        trajs = [self._finish(ep, policy_version) for ep in episodes]
-        return trajs, stats
+        return episodes
 
     def _generation_cap(self, ep: _Episode) -> int:
         cfg = self.config
@@ -290,7 +335,26 @@ class MultiTurnRollout:
         """Append one assistant turn (and the observation after it) to ``ep``.
 
         Any exception ends only this episode (``_fail``); state is committed only after every
-        step that may raise has succeeded, so the segments stay consistent."""
+        step that may raise has succeeded, so the segments stay consistent. The three pieces
+        (:meth:`_take_turn`, the env step, :meth:`_take_step`) are shared with the async loop
+        (env_runners/async_rollout.py), which runs the env step on a worker thread."""
+        text = self._take_turn(ep, out, stats)
+        if text is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            res = ep.env.step(text)
+        except Exception as exc:  # environments must not crash a run; record and end it
+            ep.env_error = repr(exc)
+            self._fail(ep, "env_step", exc, stats)
+            return
+        finally:
+            stats.tool_latencies_s.append(time.perf_counter() - t0)
+        self._take_step(ep, res, stats)
+
+    def _take_turn(self, ep: _Episode, out: GenerationOutput, stats: RolloutStats) -> str | None:
+        """Append the sampled assistant turn to ``ep``; returns its decoded text for the env, or
+        None when the episode failed here (stages ``engine_output``, ``decode``)."""
         stage = "engine_output"
         try:
             ids = [int(t) for t in out.token_ids]
@@ -300,7 +364,7 @@ class MultiTurnRollout:
             hit_cap = out.finish_reason == "length"
         except Exception as exc:  # a malformed engine output for this sequence only
             self._fail(ep, stage, exc, stats)
-            return
+            return None
         ep.segments.append(seg)
         ep.context.extend(ids)
         ep.response_tokens += len(ids)
@@ -311,13 +375,16 @@ class MultiTurnRollout:
             stage = "decode"
             text = safe_text(self.tokenizer.decode(ids, skip_special_tokens=True))
             ep.texts.append(text)
-            stage = "env_step"
-            try:
-                res = ep.env.step(text)
-            except Exception as exc:  # environments must not crash a run; record and end it
-                ep.env_error = repr(exc)
-                raise
-            stage = "reward"
+        except Exception as exc:
+            self._fail(ep, stage, exc, stats)
+            return None
+        return text
+
+    def _take_step(self, ep: _Episode, res: StepResult, stats: RolloutStats) -> None:
+        """Record what the env step returned: its reward, the end of the episode, or the
+        observation segment (stages ``reward``, ``observation``; the context budget)."""
+        stage = "reward"
+        try:
             ep.env_rewards.append(float(res.reward))
             if res.done or res.observation is None:
                 ep.done = True
@@ -353,10 +420,15 @@ class MultiTurnRollout:
             obs_ids = obs_ids[: cfg.max_observation_tokens - len(suffix)] + suffix
         return obs_ids
 
+    def _episode_stats(self, ep: _Episode) -> Any:
+        """What the episode's environment reports (the async loop first checks no abandoned
+        tool call may still be changing it)."""
+        return ep.env.episode_stats()
+
     def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
         source = type(ep.env).__name__
         try:
-            stats = EpisodeStats.coerce(ep.env.episode_stats(), source)
+            stats = EpisodeStats.coerce(self._episode_stats(ep), source)
         except EpisodeStatsError:
             raise
         except Exception as exc:  # a broken env must not lose the batch either

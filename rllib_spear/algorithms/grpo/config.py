@@ -107,7 +107,9 @@ class GRPOConfig(AlgorithmConfig):
         per-episode budgets: prompt + response, and every token after the prompt, observations
         included; docs/recipes.md "Token budgets"), max_observation_tokens,
         observation_template ("chatml" | "llama3" | "chat_template": a ``tool`` message through the
-        tokenizer's chat template, docs/tools.md)."""
+        tokenizer's chat template, docs/tools.md); the agent loop (docs/design.md "The agent
+        loop"): rollout_mode ("turn_sync" | "async"), and for "async" tool_concurrency (env steps
+        at once, None = one per episode) and tool_timeout_s (None = no limit)."""
         own = {k: kwargs.pop(k) for k in list(kwargs)
                if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}
         if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:
@@ -352,6 +354,7 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm or one_step_off, else off), got {tis!r}")
         self._check_rollout_pipeline(err)
         self._check_evaluation(err)
+        self._check_agent_loop(err)
         # The loss knobs are checked by the core loss config itself, for the on-policy and the
         # replay loss alike: one source of truth, and what passes here cannot fail in the learner.
         for replay in (False, True):
@@ -475,6 +478,20 @@ class GRPOConfig(AlgorithmConfig):
         if lag < 1:
             err("`max_policy_lag` must be >= 1 with rollout_pipeline='one_step_off' (every batch after the "
                 f"first is one update old, so {lag} would drop them all), or use rollout_pipeline='sync'")
+
+    def _check_agent_loop(self, err) -> None:
+        """``rollout_mode`` / ``tool_concurrency`` / ``tool_timeout_s`` (docs/design.md "The agent loop")."""
+        if self.rollout_mode not in ("turn_sync", "async"):
+            err(f"`rollout_mode` must be 'turn_sync' or 'async' (.env_runners(rollout_mode=...)), "
+                f"got {self.rollout_mode!r}")
+        n = self.tool_concurrency
+        if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
+            err(f"`tool_concurrency` must be an integer >= 1 (env steps running at once), or None for one per "
+                f"episode (.env_runners(tool_concurrency=...)), got {n!r}")
+        t = self.tool_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            err(f"`tool_timeout_s` must be a number of seconds > 0, or None for no limit "
+                f"(.env_runners(tool_timeout_s=...)), got {t!r}")
 
     def _check_evaluation(self, err) -> None:
         """The ``evaluation()`` knobs (docs/design.md "Validation")."""

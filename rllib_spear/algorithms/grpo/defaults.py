@@ -77,6 +77,12 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_response_tokens": 512,  # per-episode budget: every token after the prompt (docs/recipes.md)
     "max_observation_tokens": 256,
     "observation_template": "chatml",
+    # the agent loop (docs/design.md "The agent loop"): "turn_sync" generates every live episode's
+    # turn in one batch, then steps the envs one after another; "async" runs each episode at its
+    # own pace (continuous batching, env steps on tool_concurrency threads, tool_timeout_s)
+    "rollout_mode": "turn_sync",
+    "tool_concurrency": None,  # async: env steps at once; None = one per episode of the call
+    "tool_timeout_s": 300.0,  # async: a longer env step becomes a timeout observation; None = no limit
 }
 
 

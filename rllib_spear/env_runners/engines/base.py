@@ -7,14 +7,22 @@ truncation), which is what the trainer recomputes.
 
 Temperature 0 is greedy decoding (evaluation): the argmax token at every step, top-p/top-k
 ignored, the same output for any seed; its log-probs are those of softmax(logits) (T = 1).
+
+Two entry points: ``generate`` (a batch, the turn-synchronous loop) and ``agenerate`` (one
+request awaited by one episode coroutine of the async agent loop, docs/design.md "The agent
+loop"), which by default batches concurrent requests over ``generate`` (engines/batching.py).
 """
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Literal, Mapping, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .batching import BatchingScheduler
 
 __all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine"]
 
@@ -56,11 +64,18 @@ class GenerationOutput:
     finish_reason: Literal["stop", "length"]
 
 
+_SCHEDULER_LOCK = threading.Lock()
+
+
 class GenerationEngine(ABC):
     """A batched sampler over token-id prompts with in-place, versioned weight updates."""
 
     #: Version of the weights currently served (0 = initial weights).
     version: int = 0
+    #: The default ``agenerate``'s batching (engines/batching.py): a batch closes once no request
+    #: arrived for ``gather_window_s``, at the latest ``max_gather_s`` after its first request.
+    gather_window_s: float = 0.003
+    max_gather_s: float = 0.05
 
     @abstractmethod
     def generate(
@@ -71,6 +86,44 @@ class GenerationEngine(ABC):
     ) -> list[GenerationOutput]:
         """Sample one completion per prompt. ``max_new_tokens`` optionally caps each prompt
         separately (context budget); otherwise ``sampling.max_new_tokens`` applies to all."""
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, max_new_tokens: int,
+                        seed: int | None = None) -> GenerationOutput:
+        """Sample one completion of ``prompt``, capped at ``min(max_new_tokens,
+        sampling.max_new_tokens)``, with the request's own ``seed`` (None: ``sampling.seed``).
+
+        One request, awaited by one episode coroutine on the process's agent loop
+        (env_runners/event_loop.py); an engine may bind loop state to that loop. This default is
+        a continuous-batching scheduler over :meth:`generate` (engines/batching.py: concurrent
+        requests share a ``generate`` call on a worker thread, requests arriving during a decode
+        go in the next one; the batch's seed is derived from its requests' seeds, so results are
+        identically distributed to ``generate``'s, not identical). An engine with an async engine
+        of its own (vLLM's ``AsyncLLM``) overrides it."""
+        return await self.batching_scheduler().submit(prompt, sampling, max_new_tokens, seed)
+
+    def batching_scheduler(self) -> "BatchingScheduler":
+        """The scheduler of the default :meth:`agenerate`, made on first use (its worker thread
+        starts with the first request; :meth:`close_batching` stops it)."""
+        sched = self.__dict__.get("_batching_scheduler")
+        if sched is None:
+            from .batching import BatchingScheduler
+
+            with _SCHEDULER_LOCK:
+                sched = self.__dict__.get("_batching_scheduler")
+                if sched is None:
+                    sched = BatchingScheduler(self.generate, gather_window_s=self.gather_window_s,
+                                              max_gather_s=self.max_gather_s,
+                                              max_batch_size=getattr(self, "max_batch_size", None),
+                                              name=type(self).__name__)
+                    self.__dict__["_batching_scheduler"] = sched
+        return sched
+
+    def close_batching(self) -> None:
+        """Stop the default :meth:`agenerate`'s worker thread (after the batch it decodes); a
+        later request starts a new scheduler."""
+        sched = self.__dict__.pop("_batching_scheduler", None)
+        if sched is not None:
+            sched.close()
 
     @abstractmethod
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -99,5 +152,7 @@ class GenerationEngine(ABC):
         both. A colocated run wakes the weights, syncs them, then wakes the KV cache. Waking an
         awake engine does nothing (this default: nothing is ever asleep)."""
 
-    def shutdown(self) -> None:  # pragma: no cover - engines with resources override
-        """Release engine resources."""
+    def shutdown(self) -> None:
+        """Release engine resources (this default: the batching scheduler's thread; engines
+        with resources of their own override it and call it)."""
+        self.close_batching()

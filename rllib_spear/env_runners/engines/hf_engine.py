@@ -276,4 +276,5 @@ class HFEngine(GenerationEngine):
             self._asleep = False
 
     def shutdown(self) -> None:
+        super().shutdown()  # the agenerate scheduler first: no batch may decode without a model
         self.model = None

@@ -10,6 +10,10 @@ On the CPU backend the tied ``lm_head`` holds its own pre-packed copy of the emb
 reload does not refresh; it is re-packed explicitly (otherwise the engine silently keeps sampling
 from the old head: see docs/design.md, "vLLM weight updates"). The prefix cache is reset after
 every update.
+
+``async_engine=True`` runs vLLM as a continuous-batching async engine (``vllm_async.py``;
+docs/design.md "vLLM async engine"): ``agenerate`` submits one request that joins the running
+batch, and every other method keeps its synchronous semantics.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import json
 import logging
 import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -156,6 +161,11 @@ class VLLMEngine(GenerationEngine):
         stream_chunk_bytes: when a weight stream must be pickled to the workers (a multiprocess
             engine or executor, e.g. tensor parallelism), it goes in calls of at most this many
             bytes inside one layerwise reload.
+        async_engine: run vLLM as an async engine with continuous batching on a thread of its own
+            (``vllm_async.py``): vLLM's ``AsyncLLM`` when the engine core runs in its own process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), else the in-process ``LLMEngine`` stepped
+            from that thread. ``agenerate`` then submits one request to it; the other methods
+            keep their semantics.
         **llm_kwargs: passed to ``vllm.LLM`` (e.g. ``gpu_memory_utilization``, ``enforce_eager``).
     """
 
@@ -170,6 +180,7 @@ class VLLMEngine(GenerationEngine):
         weight_transfer_backend: str | None = None,
         stream_chunk_bytes: int = 256 * 2**20,
         per_request_seeds: bool = False,
+        async_engine: bool = False,
         **llm_kwargs,
     ):
         on_cpu = not torch.cuda.is_available()
@@ -210,15 +221,23 @@ class VLLMEngine(GenerationEngine):
             # steps ("CPU Generator does not use offset"). A large per-step token budget plus
             # ``generate`` splitting the batch by it keeps every prefill in one step.
             llm_kwargs.setdefault("max_num_batched_tokens", max(_CPU_PREFILL_BUDGET, max_model_len))
+            if async_engine:
+                # requests arrive at any time, so no wave split can keep prefills within one step:
+                # a prompt that does not fit in this step's budget waits for the next instead of
+                # being chunked (the budget is at least max_model_len, so every prompt fits alone)
+                llm_kwargs.setdefault("enable_chunked_prefill", False)
         self.prefill_budget = int(llm_kwargs["max_num_batched_tokens"]) if on_cpu else None
-        self.llm = LLM(
-            model=self.model_path,
-            dtype=dtype_name(dtype),
-            seed=seed,
-            max_model_len=max_model_len,
-            logprobs_mode="processed_logprobs",
-            **llm_kwargs,
-        )
+        self.async_engine = bool(async_engine)
+        self._update_paused = False  # async mode: the engine is paused for a weight update
+        engine_args = dict(dtype=dtype_name(dtype), seed=seed, max_model_len=max_model_len,
+                           logprobs_mode="processed_logprobs", **llm_kwargs)
+        if async_engine:
+            from .vllm_async import build_handle
+
+            own_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
+            self.llm = build_handle(self.model_path, own_process=own_process, **engine_args)
+        else:
+            self.llm = LLM(model=self.model_path, **engine_args)
         self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
         self.version = 0
@@ -253,15 +272,7 @@ class VLLMEngine(GenerationEngine):
     ) -> list[GenerationOutput]:
         from vllm.inputs import TokensPrompt
 
-        sampling.validate()
-        # greedy (temperature 0): vLLM takes the argmax and ignores top-p/top-k and the seed
-        truncated = not sampling.greedy and (sampling.top_p < 1.0 or (sampling.top_k or -1) > 0)
-        if truncated and not self._warned_truncation:
-            logger.warning(
-                "VLLMEngine: with top_p/top_k on, vLLM's log-probs are renormalised over the kept "
-                "tokens (processed_logprobs), unlike the HF engine's full-softmax convention."
-            )
-            self._warned_truncation = True
+        self._check_sampling(sampling)
         n = len(prompts)
         if max_new_tokens is not None and len(max_new_tokens) != n:
             raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
@@ -292,12 +303,53 @@ class VLLMEngine(GenerationEngine):
             params = [self._params(sampling, caps[i], seeds[i]) for i in wave]
             results = self.llm.generate(reqs, sampling_params=params, use_tqdm=False)
             for i, res in zip(wave, results):
-                comp = res.outputs[0]
-                ids = list(comp.token_ids)
-                lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
-                reason = "stop" if comp.finish_reason == "stop" else "length"
-                outputs[i] = GenerationOutput(ids, lps, reason)
+                outputs[i] = self._output(res)
         return outputs  # type: ignore[return-value]
+
+    def _check_sampling(self, sampling: SamplingConfig) -> None:
+        sampling.validate()
+        # greedy (temperature 0): vLLM takes the argmax and ignores top-p/top-k and the seed
+        truncated = not sampling.greedy and (sampling.top_p < 1.0 or (sampling.top_k or -1) > 0)
+        if truncated and not self._warned_truncation:
+            logger.warning(
+                "VLLMEngine: with top_p/top_k on, vLLM's log-probs are renormalised over the kept "
+                "tokens (processed_logprobs), unlike the HF engine's full-softmax convention."
+            )
+            self._warned_truncation = True
+
+    @staticmethod
+    def _output(res) -> GenerationOutput:
+        """A finished ``RequestOutput`` as sampled ids, their log-probs and why it stopped."""
+        comp = res.outputs[0]
+        ids = list(comp.token_ids)
+        lps = [float(d[t].logprob) for t, d in zip(ids, comp.logprobs)]
+        if comp.finish_reason in ("abort", "error"):  # cut short: not a sample to train on
+            raise RuntimeError(f"VLLMEngine: the request ended with finish_reason={comp.finish_reason!r}")
+        return GenerationOutput(ids, lps, "stop" if comp.finish_reason == "stop" else "length")
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, max_new_tokens: int,
+                        seed: int | None = None) -> GenerationOutput:
+        """One request, awaited from the caller's event loop. With ``async_engine`` it joins the
+        running batch of vLLM's async engine at its next step, with the request's own ``seed``
+        (None: ``sampling.seed``; both None: it draws from the workers' generator); the output is
+        built as :meth:`generate` builds it. Without ``async_engine``: the default batching over
+        :meth:`generate`."""
+        if not self.async_engine:
+            return await super().agenerate(prompt, sampling, max_new_tokens, seed)
+        from vllm.inputs import TokensPrompt
+
+        self._check_sampling(sampling)
+        cap = min(int(sampling.max_new_tokens), int(max_new_tokens))
+        if cap <= 0:
+            return GenerationOutput([], [], "length")
+        if len(prompt) == 0:
+            raise ValueError("agenerate: the prompt is empty")
+        seed = seed if seed is not None else sampling.seed
+        params = self._params(sampling, cap, None if seed is None else int(seed) % 2**63)
+        if self.llm is None:
+            raise RuntimeError("VLLMEngine was shut down")
+        res = await self.llm.agenerate(TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params)
+        return self._output(res)
 
     def _waves(self, lengths: list[int]) -> list[list[int]]:
         """One wave on GPU; on CPU, waves within the scheduler's per-step token budget."""
@@ -328,8 +380,9 @@ class VLLMEngine(GenerationEngine):
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load HF-named weights in place (any dtype; vLLM casts), then re-pack the tied head on
         CPU and reset the prefix cache. Sets ``self.version``."""
-        self._load(list(self._items(state_dict.items())))
-        self.version = int(version)
+        with self._paused_for_update():
+            self._load(list(self._items(state_dict.items())))
+            self.version = int(version)
 
     def load_weights_stream(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """One in-place load over a stream of HF-named tensors, then the same tied head re-pack
@@ -340,7 +393,10 @@ class VLLMEngine(GenerationEngine):
         ``collective_rpc`` argument is pickled, and a generator cannot be: the stream then goes
         in lists of at most ``stream_chunk_bytes`` inside one layerwise reload (start, a load
         per chunk, finish: what vLLM's own weight-transfer engines do), never whole."""
-        items = self._items(named_tensors)
+        with self._paused_for_update():
+            self._load_stream(self._items(named_tensors))
+
+    def _load_stream(self, items: Iterator[tuple[str, torch.Tensor]]) -> None:
         if not self.rpc_pickles_args:
             self._load(items)
             return
@@ -363,7 +419,9 @@ class VLLMEngine(GenerationEngine):
         """Whether ``collective_rpc`` pickles its arguments: the engine core runs in its own
         process, or its executor runs workers in other processes (``tensor_parallel_size`` or
         ``pipeline_parallel_size`` > 1, or ``distributed_executor_backend`` other than "uni")."""
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        own_process = (self.llm.own_process if self.async_engine
+                       else os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0")
+        if own_process:
             return True
         pc = self.llm.llm_engine.vllm_config.parallel_config
         return pc.world_size > 1 or pc.distributed_executor_backend not in (None, "uni")
@@ -387,7 +445,29 @@ class VLLMEngine(GenerationEngine):
         prefixes computed with the old weights."""
         if self.on_cpu and self.tie_word_embeddings:
             self.llm.collective_rpc("rllib_spear_repack_lm_head")
+        # (async mode: the requests in flight are preempted and go on with KV of the new weights)
         self.llm.reset_prefix_cache()
+
+    @contextmanager
+    def _paused_for_update(self):
+        """Async mode: no scheduler step from the start of a weight update to its end (a step
+        in between would sample from a half-loaded model or a stale tied head); the requests in
+        flight wait and go on with the new weights. An update that raises leaves the engine
+        paused until the next update completes: the model may be half-loaded. Sync mode: no
+        request runs during an update anyway."""
+        self._hold_for_update()
+        yield
+        self._release_after_update()
+
+    def _hold_for_update(self) -> None:
+        if self.async_engine and not self._update_paused:
+            self.llm.pause()
+            self._update_paused = True
+
+    def _release_after_update(self) -> None:
+        if self.async_engine and self._update_paused:
+            self._update_paused = False
+            self.llm.resume()
 
     # ------------------------------------------------------------------ vLLM's weight-transfer API
     @property
@@ -408,6 +488,7 @@ class VLLMEngine(GenerationEngine):
 
     def start_weight_update(self) -> None:
         self._require_transfer()
+        self._hold_for_update()  # released by finish_weight_update (async mode)
         self.llm.start_weight_update()
 
     def receive_weight_update(self, update_info: Mapping) -> None:
@@ -420,6 +501,7 @@ class VLLMEngine(GenerationEngine):
         self.llm.finish_weight_update(weight_version=str(int(version)))
         self._after_update()
         self.version = int(version)
+        self._release_after_update()
 
     def shutdown_weight_transfer(self) -> None:
         if self.weight_transfer_backend is not None and self.llm is not None:
@@ -431,11 +513,15 @@ class VLLMEngine(GenerationEngine):
                                "with one for weight_sync_transport='vllm'")
 
     def shutdown(self) -> None:
+        super().shutdown()  # the default agenerate's scheduler (sync mode), before the engine
         llm = getattr(self, "llm", None)
         self.llm = None
         if llm is not None:
             try:
-                llm.llm_engine.engine_core.shutdown()
+                if self.async_engine:
+                    llm.shutdown()  # fails the requests in flight, stops the core and the loop
+                else:
+                    llm.llm_engine.engine_core.shutdown()
             except Exception:  # pragma: no cover - best effort
                 pass
 
