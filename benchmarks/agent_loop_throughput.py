@@ -144,12 +144,8 @@ def build_engine(args, path):
         from rllib_spear.env_runners.engines.hf_engine import HFEngine
 
         return HFEngine(path, device=args.device)
-    import inspect
-
     from rllib_spear.env_runners.engines.vllm_engine import VLLMEngine
 
-    if "async_engine" not in inspect.signature(VLLMEngine).parameters:
-        return None
     return VLLMEngine(path, seed=0, max_model_len=args.max_model_len, async_engine=True)
 
 
@@ -193,9 +189,6 @@ def main(argv=None) -> None:
             print(f"[vllm] skipped: import vllm failed ({type(exc).__name__}: {exc})")
             return
     engine = build_engine(args, path)
-    if engine is None:
-        print("[vllm] skipped: VLLMEngine has no async path (async_engine=...) in this tree")
-        return
     tokenizer = engine.tokenizer
     if not hasattr(tokenizer, "apply_chat_template"):
         from transformers import AutoTokenizer

@@ -17,8 +17,7 @@ _TAG = "rllib_spear_weight_sync"
 #: env-runner group -> {"group_id", "size"} of its weight group; "auto" groups that could not be
 #: formed map to {"group_id": None} (the object store is used from then on).
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-#: env-runner group -> {"group_id", "size"} of its vLLM transfer group (transport "vllm"), or
-#: {"group_id": None, "why": ...} when the learner cannot reach the runners (object store then).
+#: env-runner group -> {"group_id", "size"} of its vLLM transfer group (transport "vllm").
 _TRANSFER_GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 #: env-runner groups whose "vllm" transport fell back to the object store (said once).
 _FELL_BACK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
