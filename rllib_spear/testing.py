@@ -8,13 +8,14 @@ environments report every required field themselves.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from .core.episode import EpisodeStats
 
 __all__ = ["make_stats", "ContractError", "check_env_contract", "check_parser_contract",
            "check_estimator_contract", "check_loss_mode_contract", "check_engine_contract",
-           "check_engine_weight_update", "check_reward_shaper_contract", "check_response_filter_contract"]
+           "check_engine_weight_update", "check_reward_shaper_contract", "check_response_filter_contract",
+           "check_replay_buffer_contract"]
 
 _TEST_DEFAULTS: dict[str, Any] = {"success": False, "outcome_reward": 0.0, "tool_calls": 0,
                                   "queries_per_step": [], "format_ok": True, "has_answer": True}
@@ -270,3 +271,110 @@ def check_response_filter_contract(name: str, cfg: Any) -> None:
         v = f(t, cfg)
         if not isinstance(v, bool):
             _fail(f"response filter {name!r}", f"must return a bool, got {v!r}")
+
+
+def _contract_sil_batches(steps: int) -> list:
+    """One SILBatch per step 1..steps: the contract group (fresh traj_ids per step), its outcome
+    advantages R_i - mean_g R and group stats, nothing filtered."""
+    from .core.advantages import group_reward_stats
+    from .recipe.sil_buffer import SILBatch
+
+    out = []
+    for t in range(1, steps + 1):
+        trajs = _contract_group()
+        for tr in trajs:
+            tr.traj_id = f"step{t}-{tr.traj_id}"
+        stats = group_reward_stats([tr.total_reward for tr in trajs], [tr.uid for tr in trajs])
+        adv = [tr.total_reward - stats[tr.uid][0] for tr in trajs]
+        out.append(SILBatch(trajs, adv, t, [m for m, _ in stats.values()], [sd for _, sd in stats.values()],
+                            [False] * len(trajs)))
+    return out
+
+
+def _checked_sample(buf: Any, step: int, added: set[str], who: str) -> list[tuple[str, float]]:
+    import math
+    import numbers
+
+    from .core.trajectory import Trajectory
+
+    try:
+        out = buf.sample(step=step)
+    except Exception as e:  # noqa: BLE001 - named in the verdict
+        _fail(who, f"sample(step={step}) raised {type(e).__name__}: {e}")
+    if not isinstance(out, list):
+        _fail(who, f"sample(step={step}) must return a list of (Trajectory, A~) pairs, got {type(out).__name__}")
+    got = []
+    for item in out:
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Trajectory)
+                and isinstance(item[1], numbers.Real) and not isinstance(item[1], bool) and math.isfinite(item[1])):
+            _fail(who, f"sample(step={step}) must return (Trajectory, finite float A~) pairs, got {item!r:.200}")
+        if item[0].traj_id not in added:
+            _fail(who, f"sample(step={step}) replayed {item[0].traj_id!r}, which was never added")
+        got.append((item[0].traj_id, float(item[1])))
+    return got
+
+
+def check_replay_buffer_contract(make_buffer: Callable[[], Any], *, who: str | None = None, steps: int = 6,
+                                 restore_at: int = 3, expect_replay: bool = True) -> None:
+    """A SIL replay buffer (``replay_buffer_config["type"]``, docs/algorithms.md 2.6) keeps the
+    contract SPEAR relies on, over ``steps`` training steps of the contract group:
+
+    - it is an RLlib ``ReplayBufferInterface`` and ``len()`` is an int >= 0;
+    - each step, ``sample(step=t)`` (before the step's batch is added) returns a list of
+      ``(Trajectory, finite float A~)`` pairs, each a trajectory added earlier; ``add(SILBatch)``
+      takes the step's batch; with ``expect_replay``, some step replays something;
+    - ``get_state()`` survives pickling, and a fresh ``make_buffer()`` given it with
+      ``set_state`` (before step ``restore_at``) serves the same replays and length as the
+      original from then on: an exact resume, sampling RNG included;
+    - ``metrics()``, when the buffer has one, returns ``{str: number}``.
+
+    ``make_buffer`` builds the buffer under test (the same configuration each call).
+    """
+    import copy
+    import numbers
+    import pickle
+
+    from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
+
+    from .recipe.sil_buffer import register_with_rllib
+
+    register_with_rllib()
+    buf = make_buffer()
+    who = who or type(buf).__name__
+    if not isinstance(buf, ReplayBufferInterface):
+        _fail(who, "is not a ray.rllib.utils.replay_buffers.base.ReplayBufferInterface (subclass SILReplayBuffer "
+                   "or ReplayBufferInterface)")
+    added: set[str] = set()
+    clone, replayed = None, False
+    for i, batch in enumerate(_contract_sil_batches(steps)):
+        if i == restore_at:
+            try:
+                state = pickle.loads(pickle.dumps(buf.get_state()))
+            except Exception as e:  # noqa: BLE001
+                _fail(who, f"get_state() must return a picklable state, failed with {type(e).__name__}: {e}")
+            clone = make_buffer()
+            clone.set_state(state)
+        got = _checked_sample(buf, batch.step, added, who)
+        replayed = replayed or bool(got)
+        if clone is not None:
+            again = _checked_sample(clone, batch.step, added, who)
+            if again != got:
+                _fail(who, f"after set_state(get_state()) before step {restore_at + 1}, step {batch.step} replays "
+                           f"{again[:4]}... instead of {got[:4]}... (the state must hold everything, RNG included)")
+        added.update(tr.traj_id for tr in batch.trajectories)
+        buf.add(batch)
+        if clone is not None:
+            clone.add(copy.deepcopy(batch))
+        n = len(buf)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            _fail(who, f"len() must be an int >= 0, got {n!r}")
+        if clone is not None and len(clone) != n:
+            _fail(who, f"after set_state(get_state()) the restored buffer holds {len(clone)} items, the original {n}")
+    if expect_replay and not replayed:
+        _fail(who, f"sample() replayed nothing in {steps} steps of positive-advantage batches; configure the "
+                   "buffer to replay here (e.g. SILReplayBuffer(capacity=2)) or pass expect_replay=False")
+    metrics = getattr(buf, "metrics", None)
+    if callable(metrics):
+        m = metrics()
+        if not isinstance(m, dict) or not all(isinstance(k, str) and isinstance(v, numbers.Real) for k, v in m.items()):
+            _fail(who, f"metrics() must return {{str: number}}, got {m!r:.200}")

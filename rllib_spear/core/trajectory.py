@@ -37,13 +37,16 @@ class Segment:
 
     ``logprobs`` are the behaviour (engine) log-probs of each token; required for assistant
     segments, ignored (None) otherwise. ``step`` is the step index the span belongs to (-1 for
-    the prompt).
+    the prompt). ``policy_version``: the weights version an assistant segment was sampled with
+    (fully async training samples the turns of one episode on different versions: partial
+    rollouts, docs/design.md "Fully asynchronous training"); None elsewhere.
     """
 
     kind: SegmentKind
     token_ids: list[int]
     logprobs: list[float] | None = None
     step: int = -1
+    policy_version: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -71,7 +74,9 @@ class Trajectory:
         step_rewards: reward per step (len == num_steps): what the environment paid at each step
             with the outcome taken off the last (docs/algorithms.md, Notation), plus SPADER's diversity reward.
         outcome_reward: environment outcome reward of the episode (EM, F1, +1/-1, success...).
-        policy_version: version of the weights that generated the assistant tokens.
+        policy_version: version of the weights that generated the assistant tokens; with
+            segments of several versions (partial rollouts), the oldest of them (a trajectory's
+            lag is the age of its oldest segment).
         truncated: stopped by max_turns or the context budget before a final answer.
         stats: the environment's typed end-of-episode counters (:class:`EpisodeStats`); None only
             for trajectories that no environment produced (synthetic tests); pieces that need a
@@ -114,6 +119,11 @@ class Trajectory:
     def num_steps(self) -> int:
         """Number of assistant turns (steps)."""
         return sum(1 for s in self.segments if s.kind == "assistant")
+
+    @property
+    def segment_versions(self) -> list[int | None]:
+        """The ``policy_version`` of each assistant segment, in step order."""
+        return [s.policy_version for s in self.segments if s.kind == "assistant"]
 
     @property
     def prompt_length(self) -> int:
@@ -191,7 +201,8 @@ class Trajectory:
             "rollout": self.rollout.to_dict(), "task": dict(self.task),
             "segments": [
                 {"kind": s.kind, "token_ids": list(s.token_ids), "step": s.step,
-                 "logprobs": None if s.logprobs is None else list(s.logprobs)}
+                 "logprobs": None if s.logprobs is None else list(s.logprobs),
+                 **({} if s.policy_version is None else {"policy_version": s.policy_version})}
                 for s in self.segments
             ],
         }

@@ -105,11 +105,34 @@ class _Gauge:
 
 
 class _Run:
-    """The state of one ``run`` call shared by its episode coroutines."""
+    """The state shared by episode coroutines: of one ``run`` call, or of a stream's window
+    between two takes (env_runners/rollout_stream.py)."""
 
     def __init__(self, stats: RolloutStats, pool: ToolPool) -> None:
         self.stats, self.pool = stats, pool
         self.engine, self.live, self.tools = _Gauge(), _Gauge(), _Gauge()
+        self._marks = self._gauge_marks()
+        self._max_running0 = pool.max_running
+
+    def _gauge_marks(self) -> tuple[float, float, float]:
+        return self.engine.busy_s, self.tools.busy_s, self.live.area
+
+    def close_window(self, span: float) -> RolloutStats:
+        """Fill ``stats``' loop counters for the ``span`` seconds since the window opened and
+        return it; a new window starts (new ``stats``; the gauges keep their counts)."""
+        for gauge in (self.engine, self.live, self.tools):
+            gauge._advance()
+        engine0, tools0, area0 = self._marks
+        stats = self.stats
+        stats.generation_time_s = self.engine.busy_s - engine0
+        stats.engine_idle_s = max(0.0, span - stats.generation_time_s)
+        stats.env_time_s += self.tools.busy_s - tools0
+        stats.concurrent_episodes_max = self.live.max
+        stats.concurrent_episodes_mean = (self.live.area - area0) / span if span > 0 else 0.0
+        stats.tool_calls_concurrent_max = self.pool.max_running
+        self.stats, self._marks = RolloutStats(), self._gauge_marks()
+        self.live.max, self.pool.max_running = self.live.count, self.pool.running
+        return stats
 
 
 class AsyncMultiTurnRollout(MultiTurnRollout):
@@ -161,34 +184,46 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         pool = ToolPool(self.tool_concurrency or max(1, len(episodes)))
         run = _Run(stats, pool)
         t0 = time.perf_counter()
-        tasks = [asyncio.ensure_future(self._episode(ep, i, run)) for i, ep in enumerate(episodes)]
+        seed = self.sampling.seed
+        try:
+            # an engine failure ends the whole call, as in turn_sync
+            await self._episodes_or_none(episodes, run, seed)
+        finally:
+            pool.shutdown()
+            run.close_window(time.perf_counter() - t0)
+
+    async def arun_group(self, task: dict[str, Any], group_size: int, seed: int | None, run: "_Run",
+                         policy_version: int = 0) -> list[Trajectory]:
+        """The ``group_size`` episodes of one task, on ``run`` (a stream's long-lived state,
+        env_runners/rollout_stream.py) with the requests seeded from ``seed``; the group's
+        trajectories in episode order. Resets run on the tool pool, off the event loop. A failure
+        of the engine fails the group (the other episodes are cancelled); ``policy_version``:
+        the version of segments the engine did not stamp."""
+        loop = asyncio.get_running_loop()
+        episodes = await loop.run_in_executor(None, self._start_episodes, [task], group_size, run.stats)
+        await self._episodes_or_none(episodes, run, seed)
+        return [self._finish(ep, policy_version, keep_stamps=True) for ep in episodes]
+
+    async def _episodes_or_none(self, episodes: list[_Episode], run: "_Run", seed: int | None) -> None:
+        """Run the episodes concurrently; when one raises (the engine failed), cancel the
+        others and re-raise: all of them finish, or none is used."""
+        tasks = [asyncio.ensure_future(self._episode(ep, i, run, seed)) for i, ep in enumerate(episodes)]
         try:
             await asyncio.gather(*tasks)
         except BaseException:
-            # an engine failure ends the whole call, as in turn_sync: stop the other episodes
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        finally:
-            pool.shutdown()
-            span = time.perf_counter() - t0
-            for gauge in (run.engine, run.live, run.tools):
-                gauge._advance()
-            stats.generation_time_s = run.engine.busy_s
-            stats.engine_idle_s = max(0.0, span - run.engine.busy_s)
-            stats.env_time_s += run.tools.busy_s
-            stats.concurrent_episodes_max = run.live.max
-            stats.concurrent_episodes_mean = run.live.area / span if span > 0 else 0.0
-            stats.tool_calls_concurrent_max = pool.max_running
 
-    async def _episode(self, ep: _Episode, index: int, run: _Run) -> None:
-        """One episode: generate a turn, step the env, until it ends."""
+    async def _episode(self, ep: _Episode, index: int, run: _Run, seed_base: int | None) -> None:
+        """One episode: generate a turn, step the env, until it ends; the requests are seeded
+        from ``seed_base`` (:func:`request_seed`)."""
         pending: ToolCall | None = None  # an abandoned env step that may still use ep.env
         pending_turn = -1
         with run.live:
             while not ep.done:
-                seed = request_seed(self.sampling.seed, index, ep.turns)
+                seed = request_seed(seed_base, index, ep.turns)
                 with run.engine:
                     out = await self.engine.agenerate(ep.context, self.sampling, self._generation_cap(ep), seed=seed)
                 run.stats.engine_calls += 1

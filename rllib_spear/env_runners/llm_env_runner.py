@@ -6,6 +6,11 @@ the tasks of this runner; weights arrive through RLlib's ``sync_weights`` -> ``s
 torch tensors (never RLlib's float32-numpy conversion) and a version (WEIGHTS_SEQ_NO) that every
 trajectory records. ``evaluate_groups`` samples with per-call sampling parameters (validation,
 docs/design.md "Validation") and leaves everything training depends on as it was.
+
+Fully asynchronous training (``rollout_pipeline="async"``): ``stream_submit`` / ``stream_take`` /
+``stream_stop`` drive a ``RolloutStream`` (env_runners/rollout_stream.py) that samples in the
+background while this actor serves the weight syncs; every weight transport below opens the
+engine's update gate (engines/update_gate.py) for the time the weights change.
 """
 from __future__ import annotations
 
@@ -68,6 +73,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._weight_stream = None  # an object-store sync being applied (receive_weight_bucket)
         self._shared_weights_reader = None  # the learner's mapped blocks (read_shared_weights)
         self._transfer_group_id = None  # transport "vllm": the transfer group this engine is in
+        self._stream = None  # rollout_pipeline="async": the background sampling (stream_submit)
         self.metrics = MetricsLogger()
         self._rollout: MultiTurnRollout | None = None
         self._build()
@@ -162,14 +168,59 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 * 100003 + self._sample_calls
         self._sample_calls += 1
         trajs, stats = self._rollout.run(tasks, group_size, policy_version=self._weights_seq_no)
+        self._log_sampling(len(trajs), stats)
+        return self._result(trajs, stats)
+
+    def _log_sampling(self, num_episodes: int, stats) -> None:
         self.metrics.log_value("generated_tokens", stats.generated_tokens, reduce="sum")
         self.metrics.log_value("generation_time_s", stats.generation_time_s, reduce="sum")
         self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")
-        self.metrics.log_value("num_episodes", len(trajs), reduce="sum")
+        self.metrics.log_value("num_episodes", num_episodes, reduce="sum")
         self.metrics.log_value("rollout_errors", stats.rollout_errors, reduce="sum")
         for k, v in stats.loop_metrics().items():  # the agent loop's counters (RolloutStats)
             self.metrics.log_value(k, v, reduce=_LOOP_METRIC_REDUCE.get(k, "mean"))
-        return self._result(trajs, stats)
+
+    # ------------------------------------------------------------------ rollout_pipeline="async"
+    def stream_submit(self, requests: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Start sampling groups in the background (each request: ``key``, ``task``,
+        ``group_size``, ``seed``; the stream starts on the first call); returns the keys of
+        the groups in flight."""
+        from .rollout_stream import GroupRequest, RolloutStream
+
+        if self._stream is None:
+            if not hasattr(self._rollout, "arun_group"):
+                raise ValueError("LLMEnvRunner.stream_submit needs the async agent loop: "
+                                 ".env_runners(rollout_mode='async')")
+            cfg = self.config
+            # one env step per episode the driver may keep in flight (rollout_pipeline="async":
+            # (max_policy_lag + 1) batches), unless tool_concurrency bounds it
+            width = int(cfg.group_size) * int(cfg.tasks_per_iteration) * (int(cfg.max_policy_lag) + 1)
+            self._stream = RolloutStream(self._rollout, int(cfg.tool_concurrency or min(width, 256)),
+                                         version=lambda: self._weights_seq_no)
+        self._stream.submit([GroupRequest(int(r["key"]), dict(r["task"]), int(r["group_size"]),
+                                          None if r.get("seed") is None else int(r["seed"])) for r in requests])
+        return self._stream.in_flight_keys()
+
+    def stream_take(self, min_groups: int = 1, timeout_s: float = 0.0) -> dict[str, Any]:
+        """The groups finished since the last take (waiting up to ``timeout_s`` for
+        ``min_groups``): ``groups`` [(key, trajectories)], ``failed`` [(key, error)], the keys
+        still in flight, and the window's stats (as ``sample_groups``' ``stats``)."""
+        if self._stream is None:
+            return {"groups": [], "failed": [], "in_flight_keys": [], "worker_index": self.worker_index,
+                    "stats": None}
+        done, stats = self._stream.take(int(min_groups), float(timeout_s))
+        groups = [(g.key, g.trajectories) for g in done if g.error is None]
+        self._log_sampling(sum(len(t) for _, t in groups), stats)
+        out = self._result([], stats)
+        out.update(groups=groups, failed=[(g.key, g.error) for g in done if g.error is not None],
+                   in_flight_keys=self._stream.in_flight_keys())
+        del out["trajectories"]
+        return out
+
+    def stream_stop(self) -> int:
+        """Stop the background sampling; returns the groups dropped (in flight or not taken)."""
+        stream, self._stream = self._stream, None
+        return 0 if stream is None else stream.stop()
 
     def evaluate_groups(self, *, tasks: Sequence[dict], group_size: int,
                         sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -229,6 +280,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return self._weights_seq_no
 
     def stop(self) -> None:
+        self.stream_stop()
         self._close_weight_stream()
         if self._shared_weights_reader is not None:
             self._shared_weights_reader.close()
@@ -252,7 +304,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if seq == 0 or seq != self._weights_seq_no:
             sd = hf_state_dict_from_module_state(state[COMPONENT_RL_MODULE])
             if sd:
-                self.engine.update_weights(sd, version=seq)
+                self._begin_update()
+                try:
+                    self.engine.update_weights(sd, version=seq)
+                finally:
+                    self._end_update()
         self._weights_seq_no = seq
 
     def receive_weight_bucket(self, version: int, meta, ref, last: bool) -> int | None:
@@ -274,13 +330,17 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if stream is None and seq != 0 and seq == self._weights_seq_no:
             return self._weights_seq_no if last else None
         if stream is None:
+            self._begin_update()  # closed when the stream finishes or is abandoned
             stream = self._weight_stream = BucketStream(self.engine, seq)
         stream.add(meta, ref)
         if not last:
             return None
         self._weight_stream = None
-        if stream.finish(meta.index + 1):
-            self._weights_seq_no = seq
+        try:
+            if stream.finish(meta.index + 1):
+                self._weights_seq_no = seq
+        finally:
+            self._end_update()
         return self._weights_seq_no
 
     def read_shared_weights(self, handle) -> int | None:
@@ -304,8 +364,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             return None
         seq = int(handle.version)
         if seq == 0 or seq != self._weights_seq_no or not reader.has_mapped(handle):
-            self.engine.load_weights_stream(reader.tensors(handle))
-            self.engine.version = seq
+            self._begin_update()
+            try:
+                self.engine.load_weights_stream(reader.tensors(handle))
+                self.engine.version = seq
+            finally:
+                self._end_update()
             self._weights_seq_no = seq
         return self._weights_seq_no
 
@@ -318,7 +382,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         used again; the runner keeps reporting its old version."""
         if self._weight_stream is not None:
             stream, self._weight_stream = self._weight_stream, None
-            stream.abort()
+            try:
+                stream.abort()
+            finally:
+                self._end_update()
+
+    def _begin_update(self) -> None:
+        """The engine's weights are about to change: wait for the batch decoding in the
+        background (rollout_pipeline="async"), hold new ones (engines/update_gate.py)."""
+        self.engine.update_gate.begin()
+
+    def _end_update(self) -> None:
+        self.engine.update_gate.end()
 
     def join_weight_group(self, group_id: str, host: str, port: int, world_size: int) -> int:
         """Join the learner's weight-sync group (transport "collective"; blocks until every
@@ -340,11 +415,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         from ..weight_streaming.receiver import receive_broadcast
 
         self._close_weight_stream()
+        self._begin_update()
         try:
             complete, version = receive_broadcast(self.engine, self._weight_group)
         except Exception:
             self._weight_group = None
             raise
+        finally:
+            self._end_update()
         if complete:
             self._weights_seq_no = version
         return self._weights_seq_no
@@ -379,8 +457,14 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         self._transfer_group_id = group_id
 
     def start_weight_update(self) -> None:
+        """Open an update (the gate stays open until ``finish_weight_update`` or a failure)."""
         self._close_weight_stream()
-        self.engine.start_weight_update()
+        self._begin_update()
+        try:
+            self.engine.start_weight_update()
+        except BaseException:
+            self._end_update()
+            raise
 
     def receive_weight_update(self, update_info: Mapping[str, Any]) -> None:
         """Every engine worker receives the tensors ``update_info`` lists; a failure leaves the
@@ -389,17 +473,22 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self.engine.receive_weight_update(update_info)
         except BaseException:
             self._transfer_group_id = None
+            self._end_update()
             raise
 
     def finish_weight_update(self, version: int) -> int:
         """Close the update (vLLM finalizes its layerwise reload; the prefix cache is reset) and
         take ``version``: only an update that got here changes the runner's version."""
-        self.engine.finish_weight_update(int(version))
+        try:
+            self.engine.finish_weight_update(int(version))
+        finally:
+            self._end_update()
         self._weights_seq_no = int(version)
         return self._weights_seq_no
 
     def shutdown_weight_transfer(self) -> None:
         self._transfer_group_id = None
+        self._end_update()
         self.engine.shutdown_weight_transfer()
 
     # ------------------------------------------------------------------ colocated mode

@@ -358,7 +358,9 @@ class MultiTurnRollout:
         stage = "engine_output"
         try:
             ids = [int(t) for t in out.token_ids]
-            seg = Segment("assistant", ids, [float(x) for x in out.logprobs], step=ep.turns)
+            version = getattr(out, "policy_version", None)  # engines that stamp it (base.py)
+            seg = Segment("assistant", ids, [float(x) for x in out.logprobs], step=ep.turns,
+                          policy_version=None if version is None else int(version))
             # stopped at its cap (max_new_tokens or the episode's budget left), not at a stop
             # token: the per-turn "overlong" of the released agent code
             hit_cap = out.finish_reason == "length"
@@ -425,7 +427,18 @@ class MultiTurnRollout:
         tool call may still be changing it)."""
         return ep.env.episode_stats()
 
-    def _finish(self, ep: _Episode, policy_version: int) -> Trajectory:
+    def _finish(self, ep: _Episode, policy_version: int, *, keep_stamps: bool = False) -> Trajectory:
+        """The episode's ``Trajectory``; its assistant segments record ``policy_version`` (the
+        runner's weights during the call: no update can land in one). ``keep_stamps`` (a
+        stream, whose weights change under it): each segment keeps the version the engine
+        stamped on it (``GenerationOutput.policy_version``), ``policy_version`` fills the
+        unstamped ones, and the trajectory's version is the oldest (partial rollouts)."""
+        versions = []
+        for seg in ep.segments:
+            if seg.kind == "assistant":
+                if seg.policy_version is None or not keep_stamps:
+                    seg.policy_version = int(policy_version)
+                versions.append(seg.policy_version)
         source = type(ep.env).__name__
         try:
             stats = EpisodeStats.coerce(self._episode_stats(ep), source)
@@ -446,7 +459,7 @@ class MultiTurnRollout:
         return Trajectory(
             uid=ep.uid, segments=ep.segments, outcome_reward=stats.outcome_reward,
             step_rewards=step_rewards_from_env(ep.env_rewards, ep.turns, stats.outcome_reward),
-            policy_version=policy_version,
+            policy_version=min(versions, default=int(policy_version)),
             truncated=ep.truncated, stats=stats, rollout=record, task=dict(ep.task),
             traj_id=uuid.uuid4().hex,
         )

@@ -74,10 +74,16 @@ class Recipe:
         out[("spear", "sil_weight")] = replay.weight
         return out
 
+    @property
+    def replay_buffer(self) -> Any:
+        """SIL's replay buffer (None without SIL): what the algorithm holds as ``local_replay_buffer``."""
+        return None if self.sil is None else self.sil.buffer
+
     # ---- checkpoint state (the SIL buffer; everything else is a function of the config)
     def get_state(self) -> dict[str, Any]:
+        """``{"sil_buffer": state or None}``: None without SIL or with ``store_buffer_in_checkpoints=False``."""
         return {"sil_buffer": None if self.sil is None else self.sil.get_state()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        if state.get("sil_buffer") is not None and self.sil is not None:
-            self.sil.set_state(state["sil_buffer"])
+        if self.sil is not None:
+            self.sil.set_state(state.get("sil_buffer"))

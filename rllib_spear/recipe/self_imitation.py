@@ -4,9 +4,17 @@ switch on with ``.training(sil_enabled=True)``.
 Order within iteration t: (a) ``replay_rows(t)`` samples the buffer before this step's batch is
 added, with loss weight ``sil_weight(t)``; (b)+(c) ``admit`` evicts stale entries, records the
 group baselines and admits this step's positive-advantage trajectories.
+
+The buffer is an RLlib replay buffer built from ``replay_buffer_config`` (``recipe/sil_spec.py``;
+docs/algorithms.md 2.6), and only RLlib's interface is called on it: ``sample(step=t)`` for (a),
+``add(SILBatch)`` for (b)+(c), ``get_state`` / ``set_state`` for checkpoints (when
+``store_buffer_in_checkpoints``), and ``metrics()`` when the buffer has one.
 """
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,13 +25,18 @@ from ..core.schedules import sil_weight
 from ..core.trajectory import Trajectory
 from .batching import LearnerRow
 from .piece import ErrorFn, check_choice, check_ints, check_numbers
-from .sil_buffer import SILReplayBuffer
+from .sil_buffer import SILBatch, SILReplayBuffer
+from .sil_spec import DEFAULT_REPLAY_BUFFER_CONFIG, build_sil_buffer, check_replay_buffer_config
 
 __all__ = ["SIL_DEFAULTS", "validate_sil", "SelfImitation", "ReplayPlan"]
 
+logger = logging.getLogger(__name__)
+
 SIL_DEFAULTS: dict[str, Any] = {
-    # 2.2 replay buffer
+    # 2.2 replay buffer; 2.6: replay_buffer_config builds it, the sil_* keys fill what it leaves out
     "sil_enabled": False,
+    "replay_buffer_config": dict(DEFAULT_REPLAY_BUFFER_CONFIG),
+    "store_buffer_in_checkpoints": True,  # RLlib's key (DQN's default is False)
     "sil_capacity": 2048,
     "sil_tolerate_steps": 5,
     "sil_baseline_buffer_size": 10240,
@@ -52,6 +65,7 @@ def validate_sil(cfg: Any, err: ErrorFn) -> None:
         err(f"`sil_tolerate_steps` must be in [0, 10] (the released code clamps at 10), got {cfg.sil_tolerate_steps!r}")
     check_ints(cfg, err, ("sil_weight_steps", "sil_capacity", "sil_baseline_buffer_size", "sil_replay_batch_size"), 1)
     check_numbers(cfg, err, ("sil_kappa",))
+    check_replay_buffer_config(cfg, err)
 
 
 @dataclass
@@ -69,33 +83,58 @@ class SelfImitation:
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.buffer = SILReplayBuffer(
-            capacity=cfg.sil_capacity, tolerate_steps=cfg.sil_tolerate_steps,
-            baseline_buffer_size=cfg.sil_baseline_buffer_size, trigger=cfg.sil_trigger,
-            replay_batch_size=cfg.sil_replay_batch_size, std_normalize=cfg.sil_std_normalize,
-            keep_zero=cfg.sil_keep_zero, require_tool_call=cfg.sil_require_tool_call,
-            min_replay_size=cfg.sil_min_replay_size, seed=int(cfg.seed or 0),
-        )
+        #: built from replay_buffer_config (the algorithm holds it as ``local_replay_buffer``)
+        self.buffer = build_sil_buffer(cfg)
 
     def replay_rows(self, step: int) -> ReplayPlan:
         """(a): sample before this step's batch is added; w_SIL(t) = sil_weight(t) (2.3)."""
         w = sil_weight(step, self.cfg.sil_kappa, self.cfg.sil_weight_steps)
-        rows = [LearnerRow(t, t.token_advantages(float(a)), t.loss_mask(), is_replay=True, loss_weight=w)
-                for t, a in self.buffer.sample_replay(step)]
+        rows = [LearnerRow(t, t.token_advantages(a), t.loss_mask(), is_replay=True, loss_weight=w)
+                for t, a in self._replay(step)]
         return ReplayPlan(rows, w, self.cfg.sil_update == "joint")
+
+    def _replay(self, step: int) -> list[tuple[Trajectory, float]]:
+        """``buffer.sample(step=step)``, checked: a user buffer that breaks the contract is named."""
+        out = self.buffer.sample(step=step)
+        pairs = []
+        for item in out if isinstance(out, (list, tuple)) else [out]:
+            ok = isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], Trajectory)
+            a = item[1] if ok else None
+            if not ok or isinstance(a, bool) or not isinstance(a, numbers.Real) or not math.isfinite(a):
+                raise TypeError(f"{type(self.buffer).__name__}.sample(step={step}) must return a list of "
+                                f"(Trajectory, finite float A~) pairs (docs/algorithms.md 2.6), got {item!r:.200}")
+            pairs.append((item[0], float(a)))
+        return pairs
 
     def admit(self, trajs: list[Trajectory], episode_adv: np.ndarray, filtered: list[bool],
               step: int) -> dict[str, float]:
         """(b)+(c): evict stale entries, record baselines, admit positive-advantage trajectories."""
         stats = group_reward_stats([t.total_reward for t in trajs], [t.uid for t in trajs])
-        self.buffer.add_batch(trajs, [float(a) for a in episode_adv], step,
-                              group_means=[v[0] for v in stats.values()],
-                              group_stds=[v[1] for v in stats.values()], loss_masks_zeroed=filtered)
-        return {f"sil_{k}": float(v) for k, v in self.buffer.metrics().items()}
+        self.buffer.add(SILBatch(trajs, [float(a) for a in episode_adv], step,
+                                 group_means=[v[0] for v in stats.values()],
+                                 group_stds=[v[1] for v in stats.values()], loss_masks_zeroed=filtered))
+        # metrics() is optional for a user buffer: without it, its size is logged
+        has_metrics = callable(getattr(self.buffer, "metrics", None))
+        metrics = self.buffer.metrics() if has_metrics else {"size": len(self.buffer)}
+        return {f"sil_{k}": float(v) for k, v in metrics.items()}
 
-    def get_state(self) -> dict[str, Any]:
-        return self.buffer.get_state()
+    def get_state(self) -> dict[str, Any] | None:
+        """The buffer's state, or None with ``store_buffer_in_checkpoints=False`` (RLlib's key)."""
+        return self.buffer.get_state() if self.cfg.store_buffer_in_checkpoints else None
 
-    def set_state(self, state: dict[str, Any]) -> None:
-        # the running config (sil_capacity, sil_trigger, ...) wins over the checkpoint's
-        self.buffer.set_state(state, keep_config=True)
+    def set_state(self, state: dict[str, Any] | None) -> None:
+        """Restore the buffer as RLlib documents ``store_buffer_in_checkpoints``: restored only
+        when True; a warning when True and the checkpoint holds no buffer, or False and it does
+        (the buffer is then left as it is)."""
+        store = self.cfg.store_buffer_in_checkpoints
+        if not store or state is None:
+            if store or state is not None:
+                logger.warning(
+                    "`store_buffer_in_checkpoints` is %s, but the checkpoint %s a SIL replay buffer: the buffer is "
+                    "left as it is", store, "holds no" if store else "holds")
+            return
+        if isinstance(self.buffer, SILReplayBuffer):
+            # the running config (sil_capacity, sil_trigger, ...) wins over the checkpoint's
+            self.buffer.set_state(state, keep_config=True)
+        else:
+            self.buffer.set_state(state)

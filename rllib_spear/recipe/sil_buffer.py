@@ -1,12 +1,14 @@
 """Self-imitation (SIL) replay buffer of SPEAR (docs/algorithms.md 2.2; the options that differ
 from the released trainer are listed in 2.5), on whole :class:`Trajectory` objects.
 
-Order of operations per training step t (``recipe/self_imitation.py`` drives it)::
+Order of operations per training step t (``recipe/self_imitation.py`` drives it, through RLlib's
+replay-buffer interface: ``sample`` = :meth:`SILReplayBuffer.sample_replay`, ``add`` =
+:meth:`SILReplayBuffer.add_batch`)::
 
-    replay = buffer.sample_replay(t)      # (a) the buffer as it was BEFORE this step's batch:
+    replay = buffer.sample(step=t)        # (a) the buffer as it was BEFORE this step's batch:
                                           #     burst: if triggered -> recalibrate, sample, CLEAR
     ... on-policy update, then SIL update on ``replay`` ...
-    buffer.add_batch(batch, adv, t, ...)  # (b) evict stale entries (t - t_collected > tolerate),
+    buffer.add(SILBatch(batch, adv, t, ...))  # (b) evict stale entries (t - t_collected > tolerate),
                                           #     append this step's group means/stds to the
                                           #     baseline history and trim it
                                           # (c) add this step's candidates (A_i > 0)
@@ -20,11 +22,18 @@ group stds)``, ``A~_j = R_j - b`` (or ``/ (s + 1e-6)`` with ``std_normalize``); 
 replacement and ALL entries are cleared (also when ``n < min_replay_size`` empties the replay).
 Continuous trigger: ``min(replay_batch_size, #kept)`` each call, nothing cleared.
 
+RLlib: the class implements ``ray.rllib.utils.replay_buffers.base.ReplayBufferInterface`` (``add``,
+``sample``, ``__len__``, ``get_state``, ``set_state``; docs/algorithms.md 2.6). It is registered as
+a virtual subclass (``ReplayBufferInterface.register``, :func:`register_with_rllib`) rather than
+inheriting, because the recipe layer imports no Ray; ``import rllib_spear`` and building the buffer
+register it. Subclass it and override :meth:`SILReplayBuffer.select` to change which entries a
+replay draws (the README's prioritised buffer).
+
 Checkpoints: RLlib's new API stack does not save replay buffers in algorithm checkpoints; the
-algorithm must put :meth:`SILReplayBuffer.get_state` into its own ``get_state`` and call
-:meth:`SILReplayBuffer.set_state` on restore. The state is plain lists/dicts/floats/ints (the
-trajectories as ``Trajectory.to_dict``), including the numpy RNG state, so a restored buffer
-draws the same future samples.
+algorithm puts :meth:`SILReplayBuffer.get_state` into its own ``get_state`` and calls
+:meth:`SILReplayBuffer.set_state` on restore (``store_buffer_in_checkpoints``). The state is plain
+lists/dicts/floats/ints (the trajectories as ``Trajectory.to_dict``), including the numpy RNG
+state, so a restored buffer draws the same future samples.
 
 Returned trajectories are the stored objects: treat them as read-only.
 """
@@ -45,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "SILReplayBuffer",
+    "SILBatch",
+    "register_with_rllib",
     "nearest_lower_power_of_2",
     "SIL_TRIGGERS",
     "ADV_EPS",
@@ -95,8 +106,31 @@ class _Entry:
     step: int
 
 
+@dataclass
+class SILBatch:
+    """What ``add`` receives each training step (steps (b)+(c)): the arguments of
+    :meth:`SILReplayBuffer.add_batch` as one object, RLlib's ``add(batch)``.
+
+    Attributes:
+        trajectories: this step's training batch (after group filtering).
+        advantages: one on-policy (outcome) advantage A_i per trajectory.
+        step: the training step t (non-decreasing across calls).
+        group_means / group_stds: the batch's per-group reward means / population stds (both or
+            neither; neither: computed from the trajectories by uid).
+        loss_masks_zeroed: True for trajectories whose loss mask a filter zeroed.
+    """
+
+    trajectories: Sequence[Trajectory]
+    advantages: Sequence[float]
+    step: int
+    group_means: Sequence[float] | None = None
+    group_stds: Sequence[float] | None = None
+    loss_masks_zeroed: Sequence[bool] | None = None
+
+
 class SILReplayBuffer:
-    """SPEAR's self-imitation replay buffer (see the module docstring for the exact semantics).
+    """SPEAR's self-imitation replay buffer (see the module docstring for the exact semantics), an
+    RLlib ``ReplayBufferInterface`` (``add(SILBatch)``, ``sample(num_items, step=t)``).
 
     Args:
         capacity: ``trajectory_buffer_size``: the burst threshold is ``1.5 * capacity`` entries
@@ -172,6 +206,23 @@ class SILReplayBuffer:
             "min_replay_size": self.min_replay_size, "seed": self.seed,
             "staleness_reference": self.staleness_reference, "baseline_trim": self.baseline_trim,
         }
+
+    # ---- RLlib's ReplayBufferInterface ------------------------------------------------------
+    def add(self, batch: SILBatch, **kwargs: Any) -> None:
+        """RLlib's ``add``: steps (b)+(c) for one training step (:meth:`add_batch`). ``kwargs``
+        is the interface's forward-compatibility slot; SPEAR passes none."""
+        if not isinstance(batch, SILBatch):
+            raise TypeError(f"{type(self).__name__}.add() takes a SILBatch (trajectories, advantages, step, "
+                            f"...), got {type(batch).__name__}")
+        self.add_batch(batch.trajectories, batch.advantages, batch.step, group_means=batch.group_means,
+                       group_stds=batch.group_stds, loss_masks_zeroed=batch.loss_masks_zeroed)
+
+    def sample(self, num_items: int | None = None, *, step: int | None = None,
+               **kwargs: Any) -> list[tuple[Trajectory, float]]:
+        """RLlib's ``sample``: step (a), this step's replay ``[(trajectory, A~), ...]``
+        (:meth:`sample_replay`; ``num_items`` caps it, None = the buffer's own cap). A burst
+        sample empties the buffer, as in SPEAR."""
+        return self.sample_replay(step, num_items)
 
     # ---- adding ----------------------------------------------------------------------------
     def add_batch(
@@ -350,8 +401,22 @@ class SILReplayBuffer:
     def _draw(self, kept: list[tuple[_Entry, float]], n: int) -> list[tuple[_Entry, float]]:
         if n <= 0:
             return []
-        idx = self._rng.choice(len(kept), size=n, replace=False)
-        return [kept[int(i)] for i in idx]
+        idx = [int(i) for i in self.select([(e.trajectory, a) for e, a in kept], n)]
+        if len(idx) != n or len(set(idx)) != n or not all(0 <= i < len(kept) for i in idx):
+            raise ValueError(f"{type(self).__name__}.select() must return {n} distinct indices into its "
+                             f"{len(kept)} candidates, got {idx}")
+        return [kept[i] for i in idx]
+
+    def select(self, candidates: list[tuple[Trajectory, float]], n: int) -> Sequence[int]:
+        """Indices of the ``n`` candidates ``[(trajectory, A~), ...]`` (``0 < n <= len``) that this
+        replay draws: uniformly without replacement from :attr:`rng` (released). Override it to
+        prioritise; draw from :attr:`rng` so that a restored run draws the same."""
+        return self._rng.choice(len(candidates), size=n, replace=False)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The sampling Generator (seeded by ``seed``; its state is checkpointed)."""
+        return self._rng
 
     def clear(self) -> None:
         """Drop all entries (the baseline history is kept, as after a burst)."""
@@ -446,3 +511,16 @@ def _plain(x: Any) -> Any:
     if isinstance(x, np.floating):
         return float(x)
     return x
+
+
+def register_with_rllib() -> bool:
+    """Make :class:`SILReplayBuffer` (and every subclass) a virtual subclass of RLlib's
+    ``ReplayBufferInterface``; False without Ray. Idempotent. Not done at import: the recipe layer
+    imports no Ray (``rllib_spear.algorithms.spear`` and the SIL builder call it)."""
+    try:
+        from ray.rllib.utils.replay_buffers.base import ReplayBufferInterface
+    except ImportError:
+        return False
+    if not issubclass(SILReplayBuffer, ReplayBufferInterface):
+        ReplayBufferInterface.register(SILReplayBuffer)
+    return True

@@ -255,10 +255,10 @@ class GRPOConfig(AlgorithmConfig):
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
         """The core loss config of on-policy (or, with ``replay``, SIL) updates (not validated:
         ``validate()`` does that, naming the ``training()`` kwargs). ``tis_cap``: None = 2.0 on
-        the vllm engine or with ``rollout_pipeline="one_step_off"`` (behaviour log-probs one update
+        the vllm engine or with ``rollout_pipeline="one_step_off"`` / ``"async"`` (behaviour log-probs
         old, docs/design.md "Rollout pipelining"), else off; 0 = off everywhere."""
         tis = self.tis_cap
-        if tis is None and (self.engine == "vllm" or self.rollout_pipeline == "one_step_off"):
+        if tis is None and (self.engine == "vllm" or self.rollout_pipeline in ("one_step_off", "async")):
             tis = 2.0
         if replay:  # SIL (2.3): the ratio pi_theta / pi_behaviour uses stored log-probs, no engine term
             tis = None
@@ -463,13 +463,18 @@ class GRPOConfig(AlgorithmConfig):
 
     def _check_rollout_pipeline(self, err) -> None:
         """``rollout_pipeline`` / ``max_policy_lag`` (docs/design.md "Rollout pipelining")."""
-        if self.rollout_pipeline not in ("sync", "one_step_off"):
-            err(f"`rollout_pipeline` must be 'sync' or 'one_step_off' (.training(rollout_pipeline=...)), "
+        if self.rollout_pipeline not in ("sync", "one_step_off", "async"):
+            err(f"`rollout_pipeline` must be 'sync', 'one_step_off' or 'async' (.training(rollout_pipeline=...)), "
                 f"got {self.rollout_pipeline!r}")
         lag = self.max_policy_lag
         if not isinstance(lag, (int, np.integer)) or isinstance(lag, bool) or lag < 0:
             err(f"`max_policy_lag` must be an integer >= 0, got {lag!r}")
-        if self.rollout_pipeline != "one_step_off" or self.in_evaluation:  # evaluation never pipelines
+        if self.in_evaluation:  # evaluation never pipelines
+            return
+        if self.rollout_pipeline == "async":
+            self._check_async_pipeline(err, lag)
+            return
+        if self.rollout_pipeline != "one_step_off":
             return
         if self.num_env_runners < 1:
             err("`rollout_pipeline='one_step_off'` samples on remote env runners while the learners train: "
@@ -478,6 +483,17 @@ class GRPOConfig(AlgorithmConfig):
         if lag < 1:
             err("`max_policy_lag` must be >= 1 with rollout_pipeline='one_step_off' (every batch after the "
                 f"first is one update old, so {lag} would drop them all), or use rollout_pipeline='sync'")
+
+    def _check_async_pipeline(self, err, lag: Any) -> None:
+        """``rollout_pipeline="async"`` (docs/design.md "Fully asynchronous training")."""
+        if self.rollout_mode != "async":
+            err("`rollout_pipeline='async'` samples every episode at its own pace while the learners train: "
+                "it needs the async agent loop, .env_runners(rollout_mode='async') "
+                f"(got rollout_mode={self.rollout_mode!r}), or use rollout_pipeline='one_step_off'")
+        if lag < 1:
+            err("`max_policy_lag` must be >= 1 with rollout_pipeline='async' (groups finish while the learners "
+                f"train, so most are at least one update old and {lag} would drop them), or use "
+                "rollout_pipeline='sync'")
 
     def _check_agent_loop(self, err) -> None:
         """``rollout_mode`` / ``tool_concurrency`` / ``tool_timeout_s`` (docs/design.md "The agent loop")."""

@@ -55,9 +55,11 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "lr_warmup_steps": 0,
     "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
     # rollout pipelining (docs/design.md "Rollout pipelining"): "sync" samples, then trains;
-    # "one_step_off" samples the next batch while the learners train on this one (lag 1 update).
+    # "one_step_off" samples the next batch while the learners train on this one (lag 1 update);
+    # "async" samples without pause and trains on groups as they finish (partial rollouts; needs
+    # rollout_mode="async"; docs/design.md "Fully asynchronous training").
     "rollout_pipeline": "sync",
-    "max_policy_lag": 1,  # one_step_off: groups sampled more than this many updates ago are dropped
+    "max_policy_lag": 1,  # one_step_off / async: groups with a segment sampled more than this many iterations ago are dropped
     # torch CPU threads in the learner and env-runner processes. None keeps Ray's setting
     # (OMP_NUM_THREADS = the actor's num_cpus, usually 1). Sampling and learning alternate, so on
     # a CPU-only machine each phase can use every core: set it to the core count there.

@@ -4,8 +4,9 @@ One ``training_step`` (docs/algorithms.md 1-3; the pieces are registered in rlli
 named by the config):
  1. draw ``tasks_per_iteration`` tasks (checkpointed position), sample G trajectories per task
     on the healthy LLMEnvRunners (``rollout_pipeline="one_step_off"``: collect the batch launched
-    last iteration and launch the next one, pipeline.py); ``TrajectoryCallback.on_trajectories``
-    sees the batch;
+    last iteration and launch the next one, pipeline.py; ``"async"``: take the groups the
+    runners finished while sampling without pause, async_pipeline.py);
+    ``TrajectoryCallback.on_trajectories`` sees the batch;
  2. reward shapers (SPEAR tool bonus, SPADER diversity reward, user reward functions);
  3. the advantage estimator, grouped by uid (GRPO outcome / SPADER step-wise peer);
  4. response filters zero masks; the group-std filter drops the flattest groups;
@@ -42,6 +43,7 @@ from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
 from ...recipe.recipe import Metrics
 from .colocation import EngineSleepCycle, check_colocated_placement
 from .config import DrBoTConfig, GRPOConfig
+from .async_pipeline import AsyncPipeline
 from .pipeline import OneStepOffPipeline
 from .rollouts import sample_groups
 from .weight_sync import sync_weights
@@ -111,17 +113,23 @@ class GRPO(Algorithm):
         tasks = load_tasks(config.env if config.dataset is None else config.dataset, "train", env=config.env)
         self.task_sampler = TaskSampler(tasks, seed=config.seed or 0)
         self.recipe = Recipe(config)
+        self.local_replay_buffer = self.recipe.replay_buffer  # RLlib's name for SIL's buffer (None without SIL)
         self.algo_step = 0  # t of docs/algorithms.md (completed training steps)
         self._rng = np.random.default_rng((config.seed or 0) + 17)
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
-        self._pipeline = (OneStepOffPipeline(config.max_policy_lag)
-                          if config.rollout_pipeline == "one_step_off" else None)
+        self._pipeline = _PIPELINES[config.rollout_pipeline](config)
         self._sleep_cycle = EngineSleepCycle(config.colocate_sleep_level) if config.colocate else None
         #: colocated runs on GPUs: {runner index: learner rank on the same GPU}
         self.colocated_pairs: dict[int, int] = {}
         if config.colocate and (config.num_gpus_per_learner or 0) > 0:
             self.colocated_pairs = check_colocated_placement(self.learner_group, self.env_runner_group)
         self.sync_weights()
+
+    def _create_local_replay_buffer_if_necessary(self, config: GRPOConfig) -> None:
+        """None: RLlib's ``Algorithm.setup`` would build ``replay_buffer_config`` itself, before the
+        recipe exists and resolving names in RLlib's modules only; the recipe builds SIL's buffer
+        with the same ``from_config`` (rllib_spear/recipe/sil_spec.py) and ``setup`` holds it."""
+        return None
 
     @property
     def pad_token_id(self) -> int:
@@ -185,6 +193,8 @@ class GRPO(Algorithm):
         if self._pipeline is None:
             key = self._seed_key()
             return self.sample(self.task_sampler.next(num_tasks), seed_key=key)
+        if isinstance(self._pipeline, AsyncPipeline):
+            return self._next_async_batch()
         if not self._pipeline.in_flight:
             self._launch_sample(num_tasks)
         got = self._pipeline.collect(self.env_runner_group, step=self.algo_step)
@@ -195,6 +205,27 @@ class GRPO(Algorithm):
         self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
         self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
         self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
+        return got.trajectories, got.runner_stats
+
+    def _next_async_batch(self) -> tuple[list[Trajectory], list[dict]]:
+        """rollout_pipeline="async": the groups the runners finished, at most ``max_policy_lag``
+        iterations old (async_pipeline.py)."""
+        def resync() -> int:
+            self.sync_weights()
+            return self._policy_version
+
+        got = self._pipeline.collect(self.env_runner_group, self.task_sampler, step=self.algo_step,
+                                     version=self._policy_version, run_seed=int(self.config.seed or 0),
+                                     resync=resync)
+        self._sampled_version = self._policy_version
+        self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
+        self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
+        self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
+        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_mean"),
+                               float(np.mean(got.lags)) if got.lags else 0.0, window=1)
+        self.metrics.log_value(("async", "wait_s"), got.wait_s, window=1)
+        self.metrics.log_value(("async", "groups_outstanding"), got.in_flight, window=1)
         return got.trajectories, got.runner_stats
 
     def _launch_sample(self, num_tasks: int) -> None:
@@ -414,9 +445,12 @@ class GRPO(Algorithm):
         return state
 
     def set_state(self, state: dict[str, Any]) -> None:
+        dropped = None
         if getattr(self, "_pipeline", None) is not None:
-            self._pipeline.drop(self.env_runner_group)  # the restored run samples fresh
+            dropped = self._pipeline.drop(self.env_runner_group)  # the restored run samples fresh
         super().set_state(state)
+        if dropped is not None:  # after RLlib restored the metrics logger, which would erase it
+            self.metrics.log_value("dropped_in_flight_trajectories", int(dropped or 0), reduce="sum")
         if _STATE_KEY in state:
             self._set_extra_state(state[_STATE_KEY])
         if hasattr(self, "task_sampler"):
@@ -429,6 +463,7 @@ class GRPO(Algorithm):
                              else self._pipeline.checkpoint_sampler_state(self.task_sampler)),
             "rng": self._rng.bit_generator.state,
             "policy_version": self._policy_version,
+            **({} if self._pipeline is None else {"pipeline": self._pipeline.get_state()}),
             **self.recipe.get_state(),
         }
 
@@ -437,7 +472,17 @@ class GRPO(Algorithm):
         self.task_sampler.set_state(s["task_sampler"])
         self._rng.bit_generator.state = s["rng"]
         self._policy_version = int(s["policy_version"])
+        if self._pipeline is not None:
+            self._pipeline.set_state(s.get("pipeline", {}))
         self.recipe.set_state(s)
+
+
+#: ``rollout_pipeline`` -> the driver's pipeline (None: sample, then train).
+_PIPELINES = {
+    "sync": lambda cfg: None,
+    "one_step_off": lambda cfg: OneStepOffPipeline(cfg.max_policy_lag),
+    "async": lambda cfg: AsyncPipeline(cfg.max_policy_lag, cfg.tasks_per_iteration, cfg.group_size),
+}
 
 
 class DrBoT(GRPO):

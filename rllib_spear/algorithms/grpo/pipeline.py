@@ -116,6 +116,13 @@ class OneStepOffPipeline:
         """The task sampler state to checkpoint: before the request in flight drew its tasks."""
         return self._pending.sampler_state if self._pending is not None else sampler.get_state()
 
+    def get_state(self) -> dict:
+        """Nothing beyond the sampler state (the request in flight is drawn again)."""
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        pass
+
     # ------------------------------------------------------------------ helpers
     def _lag(self, traj: Trajectory, step: int) -> int | None:
         s = self._step_of_version.get(int(traj.policy_version))

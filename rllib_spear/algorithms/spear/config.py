@@ -9,7 +9,11 @@ class SPEARConfig(GRPOConfig):
     seq-mean-token-sum-norm, filters) with Clip-Cov (1.4), the decaying tool-call bonus
     (``reward_shapers=("tool_call_bonus",)``, 2.1) and burst SIL (``sil_enabled=True``, 2.2-2.3).
     Each piece's knobs (``tool_reward_*``, ``sil_*``, ``replay_clip_cov_*``) are ``training()``
-    kwargs; their defaults are the released agent settings."""
+    kwargs; their defaults are the released agent settings. The SIL buffer is RLlib's
+    ``replay_buffer_config`` (``{"type": "SILReplayBuffer" | a class | "pkg.module:Class",
+    "capacity": ..., ...}``; the ``sil_*`` keys fill the knobs it leaves out), held as
+    ``algo.local_replay_buffer`` and checkpointed with ``store_buffer_in_checkpoints=True``
+    (docs/algorithms.md 2.6)."""
 
     def __init__(self, algo_class: type | None = None) -> None:
         if algo_class is None:

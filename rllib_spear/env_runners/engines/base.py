@@ -23,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from .batching import BatchingScheduler
+    from .update_gate import WeightUpdateGate
 
 __all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine"]
 
@@ -57,11 +58,14 @@ class SamplingConfig:
 
 @dataclass
 class GenerationOutput:
-    """One completion: sampled ids, their log-probs, and why generation stopped."""
+    """One completion: sampled ids, their log-probs, and why generation stopped.
+    ``policy_version``: the weights version it was sampled with, when the engine knows it (the
+    default ``agenerate`` and vLLM's async engine stamp it; engines/update_gate.py)."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    policy_version: int | None = None
 
 
 _SCHEDULER_LOCK = threading.Lock()
@@ -111,12 +115,35 @@ class GenerationEngine(ABC):
             with _SCHEDULER_LOCK:
                 sched = self.__dict__.get("_batching_scheduler")
                 if sched is None:
-                    sched = BatchingScheduler(self.generate, gather_window_s=self.gather_window_s,
+                    sched = BatchingScheduler(self._generate_gated, gather_window_s=self.gather_window_s,
                                               max_gather_s=self.max_gather_s,
                                               max_batch_size=getattr(self, "max_batch_size", None),
                                               name=type(self).__name__)
                     self.__dict__["_batching_scheduler"] = sched
         return sched
+
+    @property
+    def update_gate(self) -> "WeightUpdateGate":
+        """Orders the default ``agenerate``'s batches and the weight updates of a runner that
+        samples while it receives weights (engines/update_gate.py); made on first use."""
+        gate = self.__dict__.get("_update_gate")
+        if gate is None:
+            from .update_gate import WeightUpdateGate
+
+            with _SCHEDULER_LOCK:
+                gate = self.__dict__.setdefault("_update_gate", WeightUpdateGate())
+        return gate
+
+    def _generate_gated(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                        max_new_tokens: Sequence[int] | None = None) -> list[GenerationOutput]:
+        """``generate`` for the batching scheduler: never while a weight update is open, and
+        every output stamped with the version it ran on."""
+        with self.update_gate.generating():
+            version = self.version
+            outs = self.generate(prompts, sampling, max_new_tokens)
+        for out in outs:
+            out.policy_version = version
+        return outs
 
     def close_batching(self) -> None:
         """Stop the default :meth:`agenerate`'s worker thread (after the batch it decodes); a

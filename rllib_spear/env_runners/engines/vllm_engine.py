@@ -348,8 +348,13 @@ class VLLMEngine(GenerationEngine):
         params = self._params(sampling, cap, None if seed is None else int(seed) % 2**63)
         if self.llm is None:
             raise RuntimeError("VLLMEngine was shut down")
+        # The version it starts on: an update during the request freezes it and resumes it on the
+        # new weights, so this is the oldest version of its tokens (engines/update_gate.py).
+        version = self.version
         res = await self.llm.agenerate(TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params)
-        return self._output(res)
+        out = self._output(res)
+        out.policy_version = version
+        return out
 
     def _waves(self, lengths: list[int]) -> list[list[int]]:
         """One wave on GPU; on CPU, waves within the scheduler's per-step token budget."""

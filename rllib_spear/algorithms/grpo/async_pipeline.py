@@ -1,0 +1,313 @@
+"""Fully asynchronous training (``rollout_pipeline="async"``; docs/design.md "Fully asynchronous
+training").
+
+The runners sample without pause (env_runners/rollout_stream.py) and the learners train on whole
+groups as they finish. The driver's side, here:
+
+- **Submission window.** At most ``(max_policy_lag + 1) x tasks_per_iteration`` groups are
+  outstanding (submitted and not yet trained or dropped; the finished ones waiting on the driver
+  count). A group submitted after the sync of iteration t is trained at the latest k iterations
+  later when groups finish in order, so the window keeps most groups within the lag bound
+  without idling the runners (AReaL's staleness control; verl's ``staleness_threshold``). Each
+  new task goes to the healthy runner with the fewest outstanding groups.
+- **Collection.** Each iteration takes ``tasks_per_iteration`` finished groups, oldest submission
+  first; more finished groups wait for the next iteration. Runners are polled (``stream_take``,
+  waiting up to ``poll_s`` for a group) and the window is refilled between polls.
+- **Lag.** The weights change while episodes are in flight (partial rollouts), so every assistant
+  segment records its version; a trajectory's lag is the number of iterations since its oldest
+  segment's version was current. A group with a trajectory above ``max_policy_lag``, or with a
+  version this pipeline never saw current, is dropped whole and counted
+  (``dropped_stale_trajectories``).
+- **Failures.** A runner that stops answering, or that no longer has a group the driver sent it
+  (it restarted), loses those groups: they are counted (``lost_env_runner_samples``) and their
+  tasks are submitted again, fresh; nothing half-sampled is used. A group the runner reports as
+  failed (its engine raised) fails the iteration, as a failed sampling call does in sync mode.
+- **Checkpoints.** The state holds the tasks outstanding (in submission order) with the task
+  sampler past them; a restore stops the runners' streams (the groups in flight are dropped and
+  counted: ``dropped_in_flight_trajectories``) and submits those tasks again first, fresh, on the
+  restored weights.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...core.trajectory import Trajectory
+from .rollouts import healthy_runner_ids, sampling_seed
+
+__all__ = ["AsyncPipeline", "AsyncCollected"]
+
+logger = logging.getLogger(__name__)
+
+#: The runner id of the driver's local runner (no remote runners).
+LOCAL = 0
+
+
+@dataclass
+class _Group:
+    key: int  # the order of submission: the collection order among finished groups
+    task: dict
+    serial: int  # the task's index in the sampler's draw order (its sampling seed)
+    runner: int | None = None  # where it was sent; None: to (re)submit
+    result: list[Trajectory] | None = None  # finished, waiting on the driver
+
+
+@dataclass
+class AsyncCollected:
+    """One iteration's batch of whole, fresh-enough groups, and what was dropped or lost."""
+
+    trajectories: list[Trajectory]
+    runner_stats: list[dict]
+    lost: int = 0  # groups lost with a runner (their tasks were submitted again)
+    stale: int = 0  # trajectories dropped (whole groups) for a lag above max_policy_lag
+    incomplete_groups: int = 0
+    lags: list[int] = field(default_factory=list)  # per kept trajectory, in iterations
+    wait_s: float = 0.0  # time the driver waited for groups
+    in_flight: int = 0  # groups outstanding after the collection
+
+    @property
+    def lag_max(self) -> int:
+        return max(self.lags, default=0)
+
+
+#: How the stats of a runner's polls combine over one collection (the rest: the last value).
+_ADDITIVE = ("generation_time_s", "env_time_s", "generated_tokens", "engine_calls", "rollout_errors",
+             "engine_idle_s", "tool_calls", "tool_timeouts", "tool_calls_abandoned")
+_MAXIMA = ("tool_latency_max_s", "concurrent_episodes_max", "tool_calls_concurrent_max")
+
+
+def merge_runner_stats(windows: list[dict]) -> dict:
+    """One runner's stats over several ``stream_take`` windows: sums of the counters and times,
+    maxima of the maxima, the last value of the rest (percentiles, means)."""
+    merged: dict = {}
+    for w in windows:
+        for k, v in w.items():
+            if k in _ADDITIVE:
+                merged[k] = merged.get(k, 0) + v
+            elif k in _MAXIMA:
+                merged[k] = max(merged.get(k, v), v)
+            else:
+                merged[k] = v
+    return merged
+
+
+class AsyncPipeline:
+    """The driver's bookkeeping of fully asynchronous sampling (see the module doc)."""
+
+    def __init__(self, max_policy_lag: int, tasks_per_iteration: int, group_size: int, *,
+                 poll_s: float = 0.5) -> None:
+        self.max_policy_lag = int(max_policy_lag)
+        self.tasks_per_iteration = int(tasks_per_iteration)
+        self.group_size = int(group_size)
+        self.poll_s = float(poll_s)
+        self._groups: dict[int, _Group] = {}  # outstanding, by key
+        self._next_key = 0
+        self._step_of_version: dict[int, int] = {}
+
+    @property
+    def window(self) -> int:
+        """The most groups outstanding at once."""
+        return (self.max_policy_lag + 1) * self.tasks_per_iteration
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._groups)
+
+    # ------------------------------------------------------------------ one iteration
+    def collect(self, group: Any, sampler: Any, *, step: int, version: int, run_seed: int,
+                resync: Callable[[], int]) -> AsyncCollected:
+        """``tasks_per_iteration`` finished groups for the iteration after ``step`` completed
+        ones, on learner weights ``version`` (current on the runners since that step)."""
+        self._step_of_version[int(version)] = int(step)
+        out = AsyncCollected([], [])
+        windows: dict[int, list[dict]] = {}
+        t0 = time.perf_counter()
+        # what finished during the update, without waiting: every iteration reports the runners'
+        # windows, even one served from groups that finished earlier
+        self._poll(group, windows, out, timeout_s=0.0)
+        resynced = False
+        while True:
+            if self._admit(step, out) and not resynced:
+                # a version never current here: a runner restarted (initial weights) without the
+                # driver's sync; bring every runner to the current weights once, or it would
+                # keep sampling groups that are dropped
+                resynced = True
+                self._step_of_version[int(resync())] = int(step)
+            if len(out.trajectories) >= self.tasks_per_iteration * self.group_size:
+                break
+            ids = self._runner_ids(group, resync, out)
+            if ids is None:  # no runner left, none could be restarted
+                break
+            self._fill(group, sampler, ids, run_seed, out)
+            self._poll(group, windows, out)
+        self._fill(group, sampler, self._runner_ids(group, resync, out) or [], run_seed, out)
+        out.runner_stats = [merge_runner_stats(w) for _, w in sorted(windows.items())]
+        out.wait_s = time.perf_counter() - t0
+        out.in_flight = self.outstanding
+        self._step_of_version = {v: s for v, s in self._step_of_version.items()
+                                 if step - s <= self.max_policy_lag}
+        return out
+
+    def drop(self, group: Any) -> int:
+        """Stop every runner's stream and forget what was finished (a restore, or the end of a
+        run); the tasks stay outstanding, to submit again. Returns the trajectories dropped
+        (G per group, finished or not)."""
+        dropped = 0
+        if group is not None:
+            dropped = sum(int(n or 0) for n in self._foreach(group, None, lambda r: r.stream_stop()).values())
+        for g in self._groups.values():
+            if g.result is not None:
+                dropped += 1
+            g.runner, g.result = None, None
+        self._step_of_version = {}
+        return dropped * self.group_size
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_sampler_state(self, sampler: Any) -> dict:
+        """The task sampler state to checkpoint: past every outstanding task (they are in
+        :meth:`get_state`)."""
+        return sampler.get_state()
+
+    def get_state(self) -> dict:
+        """The tasks outstanding, in submission order (a restore submits them again first)."""
+        return {"outstanding": [{"task": g.task, "serial": g.serial}
+                                for g in sorted(self._groups.values(), key=lambda g: g.key)]}
+
+    def set_state(self, state: dict) -> None:
+        self._groups = {}
+        self._next_key = 0
+        for item in state.get("outstanding", []):
+            self._add(item["task"], int(item["serial"]))
+
+    # ------------------------------------------------------------------ pieces
+    def _add(self, task: dict, serial: int) -> _Group:
+        g = _Group(self._next_key, dict(task), int(serial))
+        self._groups[g.key] = g
+        self._next_key += 1
+        return g
+
+    def _runner_ids(self, group: Any, resync: Callable[[], int], out: AsyncCollected) -> list[int] | None:
+        if group.num_remote_env_runners() == 0:
+            return [LOCAL]
+        ids, _ = healthy_runner_ids(group, resync)
+        live = set(ids)
+        for g in self._groups.values():  # groups on a runner that is gone: submit them again
+            if g.runner is not None and g.result is None and g.runner not in live:
+                g.runner = None
+                out.lost += 1
+        return ids or None
+
+    def _fill(self, group: Any, sampler: Any, ids: list[int], run_seed: int, out: AsyncCollected) -> None:
+        """Submit the groups waiting to be (re)submitted, and new tasks up to the window."""
+        if not ids:
+            return
+        while self.outstanding < self.window:
+            serial = int(sampler.served)
+            (task,) = sampler.next(1)
+            self._add(task, serial)
+        todo = sorted((g for g in self._groups.values() if g.runner is None and g.result is None),
+                      key=lambda g: g.key)
+        if not todo:
+            return
+        load = {i: 0 for i in ids}
+        for g in self._groups.values():
+            if g.runner in load and g.result is None:
+                load[g.runner] += 1
+        shares: dict[int, list[dict]] = {}
+        for g in todo:
+            i = min(ids, key=lambda j: (load[j], j))
+            load[i] += 1
+            g.runner = i
+            shares.setdefault(i, []).append({"key": g.key, "task": g.task, "group_size": self.group_size,
+                                             "seed": sampling_seed((run_seed, g.serial), 0)})
+        answered = self._foreach(group, {i: (lambda r, s=share: r.stream_submit(s)) for i, share in shares.items()})
+        for i in shares:
+            if i not in answered:  # the runner failed on the way: its share goes again
+                for g in todo:
+                    if g.runner == i:
+                        g.runner = None
+                        out.lost += 1
+
+    def _poll(self, group: Any, windows: dict[int, list[dict]], out: AsyncCollected,
+              timeout_s: float | None = None) -> None:
+        """Take what the runners finished (each waits up to ``timeout_s``, default ``poll_s``,
+        for one group); their stats windows go to ``windows`` (per runner)."""
+        busy = sorted({g.runner for g in self._groups.values() if g.runner is not None and g.result is None})
+        if not busy:
+            return
+        wait = self.poll_s if timeout_s is None else float(timeout_s)
+        take = lambda r, p=wait: r.stream_take(min_groups=1, timeout_s=p)  # noqa: E731
+        results = self._foreach(group, {i: take for i in busy})
+        for i in busy:
+            res = results.get(i)
+            if res is None:  # no answer: the runner failed; _runner_ids resubmits its groups
+                continue
+            if res.get("failed"):
+                key, error = res["failed"][0]
+                raise RuntimeError(f"env runner {i}: a sampling group failed ({error}); "
+                                   f"{len(res['failed'])} group(s) failed in this poll")
+            if res.get("stats") is not None:
+                windows.setdefault(i, []).append(res["stats"])
+            for key, trajs in res["groups"]:
+                g = self._groups.get(int(key))
+                if g is not None and g.runner == i and g.result is None:
+                    g.result = list(trajs)
+            alive = set(res["in_flight_keys"]) | {int(k) for k, _ in res["groups"]}
+            for g in self._groups.values():  # sent there, neither finished nor running: lost
+                if g.runner == i and g.result is None and g.key not in alive:
+                    g.runner = None
+                    out.lost += 1
+
+    def _admit(self, step: int, out: AsyncCollected) -> bool:
+        """Move finished groups, oldest submission first, into ``out`` until it holds
+        ``tasks_per_iteration`` groups (the rest stay for the next iteration); groups that are
+        not whole or too old are counted and dropped. True when a group had a version this
+        pipeline never saw current."""
+        unknown = False
+        ready = sorted((g for g in self._groups.values() if g.result is not None), key=lambda g: g.key)
+        for g in ready:
+            trajs = g.result or []
+            if len(trajs) != self.group_size:
+                del self._groups[g.key]
+                out.incomplete_groups += 1
+                continue
+            lags = [self._lag(t, step) for t in trajs]
+            if any(lag is None or not 0 <= lag <= self.max_policy_lag for lag in lags):
+                del self._groups[g.key]
+                out.stale += len(trajs)
+                unknown = unknown or None in lags
+                continue
+            if len(out.trajectories) >= self.tasks_per_iteration * self.group_size:
+                continue  # whole and fresh, but this batch is full: the next one's
+            del self._groups[g.key]
+            out.trajectories += trajs
+            out.lags += [int(lag) for lag in lags]
+        return unknown
+
+    def _lag(self, traj: Trajectory, step: int) -> int | None:
+        versions = [v for v in traj.segment_versions if v is not None] or [traj.policy_version]
+        steps = [self._step_of_version.get(int(v)) for v in versions]
+        if any(s is None for s in steps):
+            return None
+        return step - min(steps)
+
+    @staticmethod
+    def _foreach(group: Any, calls: dict[int, Callable[[Any], Any]] | None,
+                 fn: Callable[[Any], Any] | None = None) -> dict[int, Any]:
+        """Call the runners: ``calls`` {runner id: fn(runner)}, or ``fn`` on every healthy one
+        (``calls`` None). Runner ids are RLlib's worker indices (the actor manager's ids of the
+        remote runners, 1..n); the local runner, 0, when there are no remote ones. Returns
+        {runner id: result} of those that answered (a failed runner is left out)."""
+        if group.num_remote_env_runners() == 0:
+            call = fn if calls is None else calls.get(LOCAL)
+            return {} if call is None else {LOCAL: call(group.local_env_runner)}
+        if calls is None:
+            calls = {i: fn for i in group.healthy_env_runner_ids()}
+        if not calls:
+            return {}
+        ids = list(calls)
+        results = group.foreach_env_runner([lambda r, f=calls[i]: (r.worker_index, f(r)) for i in ids],
+                                           local_env_runner=False, remote_worker_ids=ids)
+        return {int(i): res for i, res in results}
