@@ -1,9 +1,10 @@
 """HFEngine sampling throughput vs raw ``model.generate`` on the same prompts (CPU or GPU).
 
 Both sample exactly ``--max-new`` tokens per prompt (eos disabled) from left-padded chat prompts;
-runs alternate, the median of ``--reps`` is reported.
+runs alternate, the median of ``--reps`` is reported. ``--samples G`` repeats each of the
+``--batch`` prompts G times (a GRPO group: the engine prefills each distinct prompt once).
 
-    .venv/bin/python benchmarks/engine_speed.py [--model PATH] [--batch 16 --max-new 64 --reps 5]
+    .venv/bin/python benchmarks/engine_speed.py [--model PATH] [--batch 16 --samples 1 --max-new 64 --reps 5]
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from rllib_spear.models.factory import synthetic_conversations, tiny_model_path 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None, help="model folder (default: a cached tiny test model)")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch", type=int, default=16, help="distinct prompts")
+    ap.add_argument("--samples", type=int, default=1, help="rows per distinct prompt (a GRPO group size)")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--stop", nargs="*", default=[], help="stop strings for the engine (checked every step)")
@@ -39,12 +41,12 @@ def main() -> None:
     tok = eng.tokenizer
     convs = synthetic_conversations(a.batch, seed=3)
     prompts = [tok(tok.apply_chat_template(c[:2], add_generation_prompt=True, tokenize=False),
-                   add_special_tokens=False)["input_ids"] for c in convs]
+                   add_special_tokens=False)["input_ids"] for c in convs for _ in range(a.samples)]
     L = max(map(len, prompts))
     ids = torch.tensor([[tok.pad_token_id] * (L - len(p)) + p for p in prompts], device=a.device)
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=a.device)
     sc = SamplingConfig(max_new_tokens=a.max_new, seed=0, stop=[s for s in a.stop])
-    n = a.batch * a.max_new
+    n = len(prompts) * a.max_new
     eng.generate(prompts, sc)
     eng.model.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=4, pad_token_id=tok.pad_token_id)
     t_eng, t_raw = [], []
@@ -62,7 +64,7 @@ def main() -> None:
         assert g.shape[1] - L == a.max_new
     e, r = n_eng / statistics.median(t_eng), n / statistics.median(t_raw)
     print(f"model={path} params={sum(p.numel() for p in eng.model.parameters())} device={a.device} "
-          f"batch={a.batch} max_new={a.max_new}")
+          f"batch={a.batch} samples={a.samples} max_new={a.max_new}")
     print(f"HFEngine {e:8.1f} tok/s | raw generate {r:8.1f} tok/s | ratio {e / r:.2f}")
 
 

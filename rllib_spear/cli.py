@@ -9,8 +9,9 @@
 
 YAML layout: algorithm (a registered name: SPEAR, SPADER, DrBoT, GRPO-LLM), stop (Tune stop
 criteria: a result key such as training_iteration, or a metric path such as
-env_runners/success_rate), optional name, storage_path, checkpoint_freq, num_samples, num_cpus,
-and config: one mapping per AlgorithmConfig builder method (environment, env_runners, training,
+env_runners/success_rate), optional name, storage_path, checkpoint_freq, max_failures (Tune
+restarts a failed trial from its last checkpoint up to this many times; --max-failures overrides),
+num_samples, num_cpus, and config: one mapping per AlgorithmConfig builder method (environment, env_runners, training,
 learners, rl_module, evaluation, debugging, fault_tolerance, ...), each applied as
 config.<method>(**kwargs). An unknown key anywhere fails at once, naming the closest valid one.
 --set section.key=value overrides a builder setting (training.lr=1e-5), --set key=value a
@@ -223,6 +224,17 @@ def quiet_worker_logs() -> None:
         logging.getLogger(name).setLevel(level)
 
 
+def max_failures(exp: dict, args: argparse.Namespace) -> int:
+    """Trial restarts: ``--max-failures``, else the YAML's ``max_failures``, else 0 (the CPU
+    demos; the GPU recipes set 3)."""
+    value = getattr(args, "max_failures", None)
+    if value is None:
+        value = exp.get("max_failures", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise CLIError(f"max_failures must be an integer >= 0 (-1: restart without limit), got {value!r}")
+    return value
+
+
 def _train(args: argparse.Namespace) -> int:
     import ray
     from ray import tune
@@ -270,6 +282,9 @@ def _train(args: argparse.Namespace) -> int:
             checkpoint_config=tune.CheckpointConfig(
                 checkpoint_frequency=int(exp.get("checkpoint_freq", 0) or 0),
                 checkpoint_at_end=True),
+            # a failed trial (a learner or the trial's process died, a node was lost) restarts
+            # from its last checkpoint: docs/design.md "Fault tolerance"
+            failure_config=tune.FailureConfig(max_failures=max_failures(exp, args)),
         ),
     )
     grid = tuner.fit()
@@ -449,6 +464,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="the experiment YAML (configs/*.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. training.lr=1e-5 or stop.training_iteration=3")
+    p.add_argument("--max-failures", type=int, default=None, metavar="N",
+                   help="restart a failed trial from its last checkpoint up to N times (default: the YAML's "
+                        "max_failures, 0 if unset; -1 = no limit)")
     p.set_defaults(func=_train)
     e = sub.add_parser("eval", parents=[debug],
                        help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")

@@ -30,7 +30,7 @@ __all__ = ["ConfigKeyError", "TOP_LEVEL_KEYS", "STOP_KEYS", "SHORTHAND_SECTIONS"
            "check_experiment_keys", "check_override_keys"]
 
 #: The top-level keys of an experiment YAML (rllib_spear/cli.py).
-TOP_LEVEL_KEYS = ("algorithm", "stop", "name", "storage_path", "checkpoint_freq", "num_samples",
+TOP_LEVEL_KEYS = ("algorithm", "stop", "name", "storage_path", "checkpoint_freq", "max_failures", "num_samples",
                   "num_cpus", "config")
 
 #: Builder sections a ``--set`` key may name without ``config.`` (``training.lr=1e-5``): RLlib's

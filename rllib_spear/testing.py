@@ -215,23 +215,43 @@ def check_loss_mode_contract(name: str) -> None:
 
 def check_engine_contract(engine: Any, prompts: list[list[int]], *, who: str | None = None) -> None:
     """A ``GenerationEngine`` returns one output per prompt with one log-prob (finite, <= 0) per
-    sampled token, never more than its ``max_new_tokens`` cap, per prompt caps included."""
-    import math
+    sampled token, never more than its ``max_new_tokens`` cap, per prompt caps included; and so
+    does ``agenerate`` (the async agent loop's entry point), for concurrent requests awaited on
+    the agent loop, each stamped with the engine's weights version when it stamps one."""
+    import asyncio
 
     from .env_runners.engines.base import SamplingConfig
+    from .env_runners.event_loop import run_on_agent_loop
 
     who = who or type(engine).__name__
     caps = [3 + i for i in range(len(prompts))]
-    outs = engine.generate(prompts, SamplingConfig(max_new_tokens=8, seed=0), caps)
+    sampling = SamplingConfig(max_new_tokens=8, seed=0)
+    outs = engine.generate(prompts, sampling, caps)
     if len(outs) != len(prompts):
         _fail(who, f"generate() returned {len(outs)} outputs for {len(prompts)} prompts")
+    _check_outputs(who, "generate()", outs, caps)
+
+    async def concurrently() -> list:
+        return list(await asyncio.gather(*[engine.agenerate(p, sampling, cap, seed=i)
+                                           for i, (p, cap) in enumerate(zip(prompts, caps))]))
+
+    aouts = run_on_agent_loop(concurrently())
+    _check_outputs(who, "agenerate()", aouts, caps)
+    stamped = {o.policy_version for o in aouts} - {None}
+    if stamped and stamped != {int(engine.version)}:
+        _fail(who, f"agenerate() stamped versions {sorted(stamped)}, the engine serves {engine.version}")
+
+
+def _check_outputs(who: str, call: str, outs: list, caps: list[int]) -> None:
+    import math
+
     for o, cap in zip(outs, caps):
         if len(o.token_ids) != len(o.logprobs):
-            _fail(who, "each sampled token needs exactly one log-prob")
+            _fail(who, f"{call}: each sampled token needs exactly one log-prob")
         if not 0 < len(o.token_ids) <= cap:
-            _fail(who, f"generated {len(o.token_ids)} tokens with a per-prompt cap of {cap}")
+            _fail(who, f"{call}: generated {len(o.token_ids)} tokens with a per-prompt cap of {cap}")
         if not all(math.isfinite(x) and x <= 1e-6 for x in o.logprobs):
-            _fail(who, "log-probs must be finite and <= 0")
+            _fail(who, f"{call}: log-probs must be finite and <= 0")
 
 
 def check_engine_weight_update(engine: Any, state_dict: Any, *, who: str | None = None) -> None:

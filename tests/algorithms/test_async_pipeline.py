@@ -99,16 +99,46 @@ def test_window_collection_order_and_leftovers():
     got = _collect(p, group, sampler, step=0)
     assert len(got.trajectories) == 4 and [t.uid for t in got.trajectories][::2] == ["t0", "t1"]
     assert got.lags == [0] * 4 and got.stale == got.lost == 0
-    # the window: (1 + 1) x 2 = 4 groups outstanding; the two finished ones beyond the batch wait
-    assert p.outstanding == 4 and sampler.served == 6
+    # the window: (1 + 1) x 2 = 4 groups submitted; after the batch took 2, k x B = 2 stay
+    # outstanding (the two finished ones beyond the batch wait for the next iteration)
+    assert p.outstanding == 2 and sampler.served == 4
     submitted = [r["task"]["uid"] for i in (1, 2) for r in group.runners[i].submitted]
-    assert sorted(submitted) == [f"t{k}" for k in range(6)]
+    assert sorted(submitted) == [f"t{k}" for k in range(4)]
     loads = [len(r.submitted) for r in group.runners.values()]
-    assert loads == [3, 3], "the least-loaded runner gets each task"
+    assert loads == [2, 2], "the least-loaded runner gets each task"
     assert len(got.runner_stats) == 2, "one merged stats dict per runner"
     group.on_call = None
     got = _collect(p, group, sampler, step=1)  # t2, t3 finished during the update: lag 1
     assert [t.uid for t in got.trajectories][::2] == ["t2", "t3"] and got.lags == [1] * 4
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_groups_finishing_in_order_are_never_older_than_k(lag):
+    """The window's promise: groups that finish in submission order, sampled on the weights the
+    runners held at submission, are all trained within ``max_policy_lag`` iterations (none is
+    dropped), and the bound is reached (the runners sample ahead)."""
+    group, sampler = FakeGroup(2), _sampler(200)
+    p = AsyncPipeline(max_policy_lag=lag, tasks_per_iteration=3, group_size=G, poll_s=0.0)
+    held = {"version": 0}
+    submitted_at = {}
+
+    def on_call(g):  # one group finishes per call, the oldest first, on its submission version
+        pending = sorted((k, r) for r in g.runners.values() for k in r.in_flight)
+        for key, r in pending:
+            submitted_at.setdefault(key, held["version"])
+        if pending:
+            key, r = pending[0]
+            req = r.in_flight.pop(key)
+            r.done.append((key, [_traj(req["task"]["uid"], [submitted_at[key]]) for _ in range(G)]))
+
+    group.on_call = on_call
+    lags = []
+    for step in range(8):
+        got = _collect(p, group, sampler, step=step, version=step)
+        assert got.stale == 0 and len(got.trajectories) == 3 * G
+        lags += got.lags
+        held["version"] = step + 1  # the sync after the update
+    assert max(lags) == lag
 
 
 def test_stale_and_unknown_versions_drop_whole_groups_oldest_segment_counts():
@@ -183,9 +213,9 @@ def test_checkpoint_keeps_the_outstanding_tasks_and_drop_stops_the_streams():
     state = p.get_state()
     uids = [o["task"]["uid"] for o in state["outstanding"]]
     assert uids == sorted(uids, key=lambda u: int(u[1:])), "in submission order"
-    assert len(state["outstanding"]) == 4 and p.checkpoint_sampler_state(sampler) == sampler.get_state()
+    assert len(state["outstanding"]) == 2 and p.checkpoint_sampler_state(sampler) == sampler.get_state()
     dropped = p.drop(group)
-    assert dropped == G * 4 and all(r.stopped == 1 for r in group.runners.values())
+    assert dropped == G * 2 and all(r.stopped == 1 for r in group.runners.values())
     # a restored pipeline submits the outstanding tasks first, with their original seeds
     q = AsyncPipeline(max_policy_lag=1, tasks_per_iteration=2, group_size=G, poll_s=0.0)
     q.set_state(state)
@@ -195,7 +225,7 @@ def test_checkpoint_keeps_the_outstanding_tasks_and_drop_stops_the_streams():
     sent = sorted((r["task"]["uid"], r["seed"]) for rr in fresh.runners.values() for r in rr.submitted)
     first = {(o["task"]["uid"]) for o in state["outstanding"]}
     assert first <= {u for u, _ in sent}
-    assert sampler.served == 8, "two new tasks refill the window after the two groups taken"
+    assert sampler.served == 6, "two new tasks fill the window beside the two submitted again"
     seeds = {u: s for u, s in sent}
     old_seeds = {r["task"]["uid"]: r["seed"] for rr in group.runners.values() for r in rr.submitted}
     assert all(seeds[u] == old_seeds[u] for u in first), "the seeds follow the task's draw index"

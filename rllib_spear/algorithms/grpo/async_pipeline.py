@@ -4,12 +4,15 @@ training").
 The runners sample without pause (env_runners/rollout_stream.py) and the learners train on whole
 groups as they finish. The driver's side, here:
 
-- **Submission window.** At most ``(max_policy_lag + 1) x tasks_per_iteration`` groups are
-  outstanding (submitted and not yet trained or dropped; the finished ones waiting on the driver
-  count). A group submitted after the sync of iteration t is trained at the latest k iterations
-  later when groups finish in order, so the window keeps most groups within the lag bound
-  without idling the runners (AReaL's staleness control; verl's ``staleness_threshold``). Each
-  new task goes to the healthy runner with the fewest outstanding groups.
+- **Submission window.** While an iteration collects its batch, at most ``(k + 1) x
+  tasks_per_iteration - j`` groups are outstanding (submitted and not yet trained or dropped;
+  finished ones waiting on the driver count), j being the groups this batch already took; a
+  dropped group frees its slot. So a group is submitted with at most ``(k + 1) B - j - 1`` ahead
+  of it, all on the weights of the last sync, and when groups finish in order it is trained
+  within k iterations: the window keeps most groups within the lag bound without idling the
+  runners (AReaL's rule, submitted <= (t + k + 1) B, with drops given back; verl's
+  ``staleness_threshold``). During the update kB groups stay in flight. Each new task goes to
+  the healthy runner with the fewest outstanding groups.
 - **Collection.** Each iteration takes ``tasks_per_iteration`` finished groups, oldest submission
   first; more finished groups wait for the next iteration. Runners are polled (``stream_take``,
   waiting up to ``poll_s`` for a group) and the window is refilled between polls.
@@ -108,7 +111,7 @@ class AsyncPipeline:
 
     @property
     def window(self) -> int:
-        """The most groups outstanding at once."""
+        """The most groups outstanding at once (at the start of a collection)."""
         return (self.max_policy_lag + 1) * self.tasks_per_iteration
 
     @property
@@ -200,10 +203,11 @@ class AsyncPipeline:
         return ids or None
 
     def _fill(self, group: Any, sampler: Any, ids: list[int], run_seed: int, out: AsyncCollected) -> None:
-        """Submit the groups waiting to be (re)submitted, and new tasks up to the window."""
+        """Submit the groups waiting to be (re)submitted, and new tasks up to the window less
+        the groups ``out`` already took (see the module doc)."""
         if not ids:
             return
-        while self.outstanding < self.window:
+        while self.outstanding < self.window - len(out.trajectories) // self.group_size:
             serial = int(sampler.served)
             (task,) = sampler.next(1)
             self._add(task, serial)

@@ -10,7 +10,7 @@ all finished their tool calls, keeps it open), and at the latest ``max_gather_s`
 request arrived: a request that waited in the queue while the previous batch decoded goes at once.
 
 Why a next-batch scheduler and not requests joining the running batch at its next decode step (as
-vLLM does): the HF engine's batch is one left-padded ``DynamicCache`` tensor per layer, so a row
+vLLM does): the HF engine's batch is one left-padded key/value buffer per layer, so a row
 that joins mid-decode would need its prompt prefilled at the batch's current length and the cache
 re-padded and concatenated at every join, a second decode path to keep exact (log-probs, stop
 strings, caps) for little gain on the CPU runs and tests this engine serves; the decode loop stays

@@ -4,6 +4,12 @@ The CPU default and the numerical reference. Its own decode loop (rather than
 ``model.generate``) gives exact control of what RL needs: the log-prob of each sampled token under
 softmax(logits / T) (before top-k/top-p), stop strings checked as they complete, per-prompt token
 caps, seeded sampling, and rows leave the batch (and its KV cache) as soon as they finish.
+
+Two things keep the loop cheap without changing the random stream (the same draws, in the same
+order and shape; see ``HFEngine``): identical prompts (a GRPO group's samples) are prefilled once
+and their cache rows copied to every sample (``shared_prefill``), and the decode steps write their
+keys and values into buffers allocated once per batch (``preallocate_kv``,
+:class:`PreallocatedLayer`) instead of growing the cache with a ``torch.cat`` per layer and step.
 """
 from __future__ import annotations
 
@@ -11,11 +17,12 @@ import random
 from typing import Iterable, Mapping, Sequence
 
 import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from ...models.dtypes import torch_dtype
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 
-__all__ = ["HFEngine", "apply_top_k_top_p"]
+__all__ = ["HFEngine", "PreallocatedLayer", "apply_top_k_top_p", "group_identical"]
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) logits outside the top-k and outside the smallest set with mass >= top_p.
@@ -31,6 +38,75 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def group_identical(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """Find the identical prompts of a batch (a GRPO group's samples share one).
+
+    Returns ``(first, group)``: the index of each distinct prompt's first occurrence, in batch
+    order, and for every prompt the position of its distinct prompt in ``first``.
+    """
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    group: list[int] = []
+    for i, p in enumerate(prompts):
+        g = seen.setdefault(tuple(p), len(first))
+        if g == len(first):
+            first.append(i)
+        group.append(g)
+    return first, group
+
+
+class PreallocatedLayer(DynamicLayer):
+    """One full-attention layer's keys and values in buffers sized for the whole generation.
+
+    ``DynamicLayer`` appends a decode step's keys and values with ``torch.cat``, which copies the
+    layer's whole cache at every step; here a step writes its slot in place and ``keys`` /
+    ``values`` are views of the filled part. Attention reads the same numbers as from the
+    concatenated tensors, so the outputs are bitwise those of ``DynamicLayer`` (tested on CPU).
+
+    Args:
+        keys, values: the prefilled states, ``[batch, heads, length, head_dim]``.
+        capacity: the sequence length to allocate (a longer sequence grows the buffers).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int) -> None:
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self._len = keys.shape[-2]
+        self._k = self._buffer(keys, capacity)
+        self._v = self._buffer(values, capacity)
+        self.is_initialized = True
+        self._expose()
+
+    def _buffer(self, states: torch.Tensor, capacity: int) -> torch.Tensor:
+        """A ``capacity``-long buffer holding ``states`` (the first ``self._len`` positions)."""
+        b, h, n, d = states.shape
+        buf = states.new_empty((b, h, max(capacity, n), d))
+        buf[:, :, :n] = states
+        return buf
+
+    def _expose(self) -> None:
+        # views, not copies: what the attention and ``get_seq_length`` read
+        self.keys, self.values = self._k[:, :, : self._len], self._v[:, :, : self._len]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new states after the cached ones; returns the keys and values so far."""
+        start, end = self._len, self._len + key_states.shape[-2]
+        if end > self._k.shape[-2]:  # past the planned length: double (amortised, not per step)
+            self._k = self._buffer(self.keys, max(end, 2 * self._k.shape[-2]))
+            self._v = self._buffer(self.values, self._k.shape[-2])
+        self._k[:, :, start:end] = key_states
+        self._v[:, :, start:end] = value_states
+        self._len = end
+        self._expose()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows ``indices`` (rows that finished leave the batch)."""
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._expose()
 
 
 class HFEngine(GenerationEngine):
@@ -49,6 +125,15 @@ class HFEngine(GenerationEngine):
         dtype: weights dtype when loading (``"float32"`` default; ``"bfloat16"`` on GPU).
         device: ``"cpu"`` or ``"cuda"``.
         max_batch_size: split larger ``generate`` calls into chunks of this many prompts.
+        shared_prefill: prefill each distinct prompt of a batch once and copy its cache rows to
+            the prompt's every occurrence (the samples of a group), rather than once per row.
+        preallocate_kv: decode into :class:`PreallocatedLayer` buffers sized for the batch's
+            longest generation (when every layer is a plain full-attention ``DynamicLayer``;
+            others keep the growing cache). Both are on by default and leave the random stream
+            as it is; they are switches for tests and comparisons. The preallocated cache gives
+            bitwise the outputs of the growing one; the shared prefill gives the same numbers
+            up to the rounding of a matrix product of another shape (a prompt prefilled alone
+            can move its first token's log-prob by ~1e-7).
     """
 
     def __init__(
@@ -61,6 +146,8 @@ class HFEngine(GenerationEngine):
         device: str | torch.device = "cpu",
         max_batch_size: int | None = None,
         attn_implementation: str | None = "sdpa",
+        shared_prefill: bool = True,
+        preallocate_kv: bool = True,
     ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -78,6 +165,8 @@ class HFEngine(GenerationEngine):
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.shared_prefill = shared_prefill
+        self.preallocate_kv = preallocate_kv
         self.version = 0
         pad = tokenizer.pad_token_id
         if pad is None:
@@ -133,19 +222,57 @@ class HFEngine(GenerationEngine):
                 outputs[i] = r
         return outputs  # type: ignore[return-value]
 
-    def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
-        from transformers import DynamicCache
-
-        dev = self.device
-        B = len(prompts)
-        L = max(len(p) for p in prompts)
-        ids = torch.full((B, L), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((B, L), dtype=torch.long)
+    def _left_pad(self, prompts: Sequence[Sequence[int]], extra: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded ``(ids, attn, pos)`` on the engine's device: ids and positions ``[n, L]``,
+        the attention mask ``[n, L + extra]`` with ones after the prompts (the decode steps read
+        growing slices of it instead of concatenating a column per step)."""
+        n, L = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((n, L), self.pad_token_id, dtype=torch.long)
+        attn = torch.ones((n, L + extra), dtype=torch.long)
         for i, p in enumerate(prompts):
             ids[i, L - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
-            attn[i, L - len(p) :] = 1
-        ids, attn = ids.to(dev), attn.to(dev)
-        pos = (attn.cumsum(-1) - 1).clamp_(min=0)
+            attn[i, : L - len(p)] = 0
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn[:, :L].cumsum(-1) - 1).clamp_(min=0)
+        return ids, attn, pos
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], extra: int
+                 ) -> tuple[Cache, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One forward over the batch's prompts, each distinct prompt once (``shared_prefill``).
+
+        Returns, one row per prompt of the batch: the cache (with room for ``extra`` more tokens
+        when preallocated), the logits of the last prompt position, the attention mask (width
+        prompt + ``extra``) and the last prompt position. A prefilled row's copies are the numbers
+        its own prefill would give, up to the rounding of a smaller batch's matrix products.
+        """
+        first, group = group_identical(prompts) if self.shared_prefill else (range(len(prompts)), None)
+        ids, attn, pos = self._left_pad([prompts[i] for i in first], extra)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=attn[:, : ids.shape[1]], position_ids=pos,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        index = None
+        if group is not None and len(first) < len(prompts):
+            index = torch.tensor(group, device=self.device)
+            logits, attn, pos = logits[index], attn[index], pos[index]
+        return self._decode_cache(cache, index, ids.shape[1] + extra), logits, attn, pos[:, -1]
+
+    def _decode_cache(self, cache: Cache, index: torch.Tensor | None, capacity: int) -> Cache:
+        """The prefill's cache made the decode loop's: its rows repeated by ``index`` (shared
+        prefill), in :class:`PreallocatedLayer` buffers of ``capacity`` positions when every layer
+        is a plain ``DynamicLayer`` (a sliding-window or other layer keeps its own growth rule)."""
+        layers = cache.layers
+        if self.preallocate_kv and layers and all(type(x) is DynamicLayer and x.is_initialized for x in layers):
+            pick = (lambda t: t) if index is None else (lambda t: t[index])
+            cache.layers = [PreallocatedLayer(pick(x.keys), pick(x.values), capacity) for x in layers]
+        elif index is not None:
+            cache.batch_select_indices(index)
+        return cache
+
+    def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
+        dev = self.device
+        B = len(prompts)
 
         stop_ids = torch.tensor(sorted(set(self.eos_token_ids) | set(sampling.stop_token_ids)), dtype=torch.long, device=dev)
         stops = [s for s in sampling.stop if s]
@@ -159,13 +286,8 @@ class HFEngine(GenerationEngine):
         caps_t = torch.tensor(caps, device=dev)
         rows = torch.arange(B, device=dev)  # original row of each live batch slot
 
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1
-        )
-        logits = out.logits[:, -1]
-        last_pos = pos[:, -1]
-        step_tokens, step_lps = [], []  # per step: [live] tensors, mapped by `rows` snapshots
+        # the last sampled token is never fed back: the cache holds at most max_cap - 1 more
+        cache, logits, attn, last_pos = self._prefill(prompts, max(max_cap - 1, 0))
         for step in range(max_cap):
             scaled = logits.float()
             if T not in (0.0, 1.0):
@@ -200,11 +322,10 @@ class HFEngine(GenerationEngine):
             if keep.numel() < rows.numel():
                 cache.batch_select_indices(keep)
                 rows, nxt, attn, last_pos = rows[keep], nxt[keep], attn[keep], last_pos[keep]
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
             last_pos = last_pos + 1
             out = self.model(
                 input_ids=nxt.unsqueeze(-1),
-                attention_mask=attn,
+                attention_mask=attn[:, : cache.get_seq_length() + 1],  # the cached positions and this one
                 position_ids=last_pos.unsqueeze(-1),
                 past_key_values=cache,
                 use_cache=True,
