@@ -3,15 +3,21 @@
 Tune writes ``<storage_path>/<name>/<trial>/checkpoint_000NNN``: the experiment folder holds one
 folder per trial, each trial folder one ``checkpoint_*`` folder per save. A user may pass any of
 the three levels; :func:`resolve_checkpoint` takes the checkpoint itself, the latest checkpoint of
-a trial, or that of the only trial of an experiment, and otherwise names what it found. No Ray
+a trial, or that of the only trial of an experiment, and otherwise names what it found; a latest
+checkpoint whose files do not match its manifest's sizes (an interrupted copy) is skipped. No Ray
 import here: this runs before the (slow) restore.
 """
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
-__all__ = ["is_checkpoint", "trial_checkpoints", "resolve_checkpoint"]
+from .checkpoint_io import check_sizes
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["is_checkpoint", "trial_checkpoints", "latest_complete", "resolve_checkpoint"]
 
 #: Files only an Algorithm checkpoint's top folder has (ray/rllib/utils/checkpoints.py writes them).
 _MARKERS = ("class_and_ctor_args.pkl", "rllib_checkpoint.json")
@@ -33,10 +39,23 @@ def trial_checkpoints(trial: Path) -> list[Path]:
     return [d for _, d in sorted(found)]
 
 
+def latest_complete(checkpoints: list[Path]) -> Path:
+    """The latest of a trial's ``checkpoints`` whose files match their manifest's sizes (a copy to
+    Tune's storage that was interrupted leaves an incomplete folder); a skipped one is logged.
+    The latest itself when none is complete: its restore then names the bad file."""
+    for ckpt in reversed(checkpoints):
+        why = check_sizes(ckpt)
+        if why is None:
+            return ckpt
+        logger.warning("skipping the incomplete checkpoint %s: %s", ckpt, why)
+    return checkpoints[-1]
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint ``path`` means: itself when it is one; the latest of a trial folder; the
-    latest of the only trial of an experiment folder. FileNotFoundError naming the path and what
-    to pass otherwise (the trials when there are several)."""
+    """The checkpoint ``path`` means: itself when it is one; the latest complete one of a trial
+    folder (:func:`latest_complete`); that of the only trial of an experiment folder.
+    FileNotFoundError naming the path and what to pass otherwise (the trials when there are
+    several)."""
     p = Path(path).expanduser().absolute()
     if not p.exists():
         raise FileNotFoundError(f"{path}: no such folder (pass a checkpoint_NNNNNN folder, a Tune trial folder "
@@ -45,10 +64,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return p
     own = trial_checkpoints(p)
     if own:
-        return own[-1]
+        return latest_complete(own)
     trials = [d for d in sorted(p.iterdir()) if d.is_dir() and trial_checkpoints(d)] if p.is_dir() else []
     if len(trials) == 1:
-        return trial_checkpoints(trials[0])[-1]
+        return latest_complete(trial_checkpoints(trials[0]))
     if trials:
         listing = "\n".join(f"  {t} (latest: {trial_checkpoints(t)[-1].name})" for t in trials)
         raise FileNotFoundError(f"{path} holds {len(trials)} trials; pass one of them:\n{listing}")

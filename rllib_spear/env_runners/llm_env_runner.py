@@ -15,6 +15,9 @@ engine's update gate (engines/update_gate.py) for the time the weights change.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -31,9 +34,9 @@ from ..coldstart.lookup import resolve_model_path
 from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
 from .async_rollout import make_rollout
-from .engines.base import SamplingConfig
+from .engines.base import DEFAULT_GENERATION_TIMEOUT_S, GenerationTimeout, SamplingConfig, with_generation_timeout
 from .placement import runner_engine_kwargs, runner_transfer_backend
-from .rollout import MultiTurnRollout, RolloutConfig
+from .rollout import DEFAULT_STEP_TIMEOUT_S, MultiTurnRollout, RolloutConfig, resolve_step_timeout
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state", "EVAL_SAMPLING_KEYS"]
 
@@ -45,7 +48,11 @@ _EVAL_STREAM = 0x5EED_E7A1
 #: How the runner's metrics combine ``RolloutStats.loop_metrics()`` over calls (else the mean).
 _LOOP_METRIC_REDUCE = {"engine_idle_s": "sum", "tool_calls": "sum", "tool_timeouts": "sum",
                        "tool_calls_abandoned": "sum", "tool_latency_max_s": "max",
-                       "concurrent_episodes_max": "max", "tool_calls_concurrent_max": "max"}
+                       "concurrent_episodes_max": "max", "tool_calls_concurrent_max": "max",
+                       "step_timeouts": "sum", "generation_timeouts": "sum"}
+#: A remote runner whose engine hung exits this long after its sampling call failed, so that the
+#: call's GenerationTimeout reaches the driver first; Ray then restarts the process.
+_HUNG_ENGINE_EXIT_DELAY_S = 2.0
 
 
 def hf_state_dict_from_module_state(state: Any) -> dict:
@@ -118,12 +125,20 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if "max_turns" not in env_config and env.accepts("max_turns"):
             env_config["max_turns"] = cfg.max_turns
         env.make(env_config)  # fail here, naming the env, rather than in the first episode
-        # the agent loop (docs/design.md "The agent loop"): turn_sync or async, one per runner
+        # the agent loop (docs/design.md "The agent loop"): turn_sync or async, one per runner;
+        # the env-step watchdog is step_timeout_s in turn_sync, the tool timeout in async (one
+        # knob, docs/design.md "Fault tolerance")
+        step_timeout = resolve_step_timeout(getattr(cfg, "step_timeout_s", DEFAULT_STEP_TIMEOUT_S), cfg.tool_timeout_s)
         loop_kw = {"tool_concurrency": None if cfg.tool_concurrency is None else int(cfg.tool_concurrency),
-                   "tool_timeout_s": cfg.tool_timeout_s}
+                   "tool_timeout_s": step_timeout}
+        if cfg.rollout_mode == "turn_sync":
+            loop_kw["step_timeout_s"] = step_timeout
+        # the rollouts' engine calls are watched (generation_timeout_s); weight syncs use self.engine
+        gen_timeout = getattr(cfg, "generation_timeout_s", DEFAULT_GENERATION_TIMEOUT_S)
+        loop_kw["engine"] = with_generation_timeout(self.engine, gen_timeout, on_timeout=self._engine_hung)
         self._rollout = make_rollout(
             cfg.rollout_mode, **loop_kw,
-            engine=self.engine, tokenizer=self.tokenizer,
+            tokenizer=self.tokenizer,
             env_factory=lambda: env.make(env_config),
             sampling=sampling,
             config=RolloutConfig(
@@ -138,9 +153,21 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         # limits) and its own call counter, so that it changes nothing training samples with.
         self._eval_rollout = make_rollout(
             cfg.rollout_mode, **loop_kw,
-            engine=self.engine, tokenizer=self.tokenizer, env_factory=self._rollout.env_factory,
+            tokenizer=self.tokenizer, env_factory=self._rollout.env_factory,
             sampling=dataclasses.replace(self._rollout.sampling), config=self._rollout.config)
         self._eval_calls = 0
+
+    def _engine_hung(self, exc: GenerationTimeout) -> None:
+        """An engine call ran past ``generation_timeout_s`` (docs/design.md "Fault tolerance"):
+        count it and, in a remote runner that RLlib restarts, end the process shortly after the
+        failing call returns, so that Ray starts a fresh one (a hung engine thread cannot be
+        stopped, and RLlib would otherwise put the same process back into service)."""
+        self.metrics.log_value("generation_timeouts", 1, reduce="sum")
+        restart = self.worker_index > 0 and bool(getattr(self.config, "restart_failed_env_runners", False))
+        logging.getLogger(__name__).error("env runner %d: %s%s", self.worker_index, exc,
+                                          "; restarting this runner" if restart else "")
+        if restart:
+            threading.Timer(_HUNG_ENGINE_EXIT_DELAY_S, os._exit, (1,)).start()
 
     # ------------------------------------------------------------------ EnvRunner API
     def assert_healthy(self) -> None:
@@ -389,11 +416,16 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     def _begin_update(self) -> None:
         """The engine's weights are about to change: wait for the batch decoding in the
-        background (rollout_pipeline="async"), hold new ones (engines/update_gate.py)."""
-        self.engine.update_gate.begin()
+        background (rollout_pipeline="async"), hold new ones (engines/update_gate.py). An engine
+        that is not a ``GenerationEngine`` (a duck-typed one) has no gate: nothing to wait for."""
+        gate = getattr(self.engine, "update_gate", None)
+        if gate is not None:
+            gate.begin()
 
     def _end_update(self) -> None:
-        self.engine.update_gate.end()
+        gate = getattr(self.engine, "update_gate", None)
+        if gate is not None:
+            gate.end()
 
     def join_weight_group(self, group_id: str, host: str, port: int, world_size: int) -> int:
         """Join the learner's weight-sync group (transport "collective"; blocks until every

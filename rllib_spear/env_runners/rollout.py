@@ -18,6 +18,13 @@ tokenization, template) ends only that episode: it is marked truncated, its traj
 ``RolloutStats.rollout_errors`` counts it. The other episodes of the batch go on normally.
 An environment whose ``episode_stats()`` breaks the :class:`EpisodeStats` contract (a missing or
 mistyped key) is a bug of that environment, not of one episode: the rollout raises, naming it.
+
+Step watchdog (``step_timeout_s``, None = no limit; docs/design.md "Fault tolerance"): env steps
+run on one worker thread of a ``ToolPool``; a step still running after ``step_timeout_s`` ends its
+episode as an ``env_step`` error (:class:`EnvStepTimeout`), counted in ``RolloutStats.step_timeouts``
+(and ``tool_calls_abandoned``: its thread is left to finish). The abandoned call still owns the
+environment, so that environment is never read again (no ``episode_stats``: the episode's record
+is the error) nor reused; the other episodes of the batch go on.
 """
 from __future__ import annotations
 
@@ -34,8 +41,43 @@ from ..core.trajectory import Segment, Trajectory
 from ..envs.base import StepResult, ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from .text_safety import safe_text
+from .tool_pool import ToolPool
 
-__all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout", "step_rewards_from_env"]
+__all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout", "step_rewards_from_env",
+           "DEFAULT_STEP_TIMEOUT_S", "EnvStepTimeout", "resolve_step_timeout"]
+
+#: Generous: no healthy env step comes near it (the code sandbox caps a cell at 30 s on its own),
+#: so it changes no result, yet a hung step (a dead HTTP endpoint) cannot stall a run forever.
+#: The async loop's ``tool_timeout_s`` has the same default (async_rollout.DEFAULT_TOOL_TIMEOUT_S).
+DEFAULT_STEP_TIMEOUT_S = 300.0
+
+
+class EnvStepTimeout(TimeoutError):
+    """An env step of the turn-synchronous loop ran past ``step_timeout_s``."""
+
+
+def _check_timeout(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, or None for no limit "
+                         f"(.env_runners({name}=...)), got {value!r}")
+    return float(value)
+
+
+def resolve_step_timeout(step_timeout_s: Any, tool_timeout_s: Any) -> float | None:
+    """The env-step limit of both agent loops from the two knobs that may set it:
+    ``step_timeout_s`` (its name) and ``tool_timeout_s`` (the async loop's older name for it).
+    Both default to ``DEFAULT_STEP_TIMEOUT_S``; the one set to something else wins; two different
+    non-default values are a ValueError naming both."""
+    step, tool = _check_timeout("step_timeout_s", step_timeout_s), _check_timeout("tool_timeout_s", tool_timeout_s)
+    if tool == DEFAULT_STEP_TIMEOUT_S:
+        return step
+    if step == DEFAULT_STEP_TIMEOUT_S or step == tool:
+        return tool
+    raise ValueError(f"step_timeout_s={step_timeout_s!r} and tool_timeout_s={tool_timeout_s!r} both set the "
+                     "env-step limit (tool_timeout_s is the async loop's older name for step_timeout_s): set "
+                     "only .env_runners(step_timeout_s=...)")
 
 
 @dataclass(frozen=True)
@@ -142,8 +184,10 @@ class RolloutStats:
     modes: ``engine_idle_s`` is the time, between the first and the last turn of the call, with
     no generation request in the engine; ``tool_latencies_s`` one entry per env step (a timed-out
     step: the time waited); ``concurrent_episodes_*`` the live (unfinished) episodes over time.
-    ``tool_timeouts`` / ``tool_calls_abandoned`` / ``tool_calls_concurrent_max`` are 0 in
-    ``turn_sync``, where env steps run one at a time and are never timed out."""
+    ``tool_timeouts`` / ``tool_calls_concurrent_max`` are 0 in ``turn_sync``, where env steps run
+    one at a time and a timed-out one ends its episode (``step_timeouts``, 0 in ``async``, where it
+    becomes an observation: ``tool_timeouts``); ``tool_calls_abandoned`` counts the calls of
+    either whose thread was left running."""
 
     generation_time_s: float = 0.0
     env_time_s: float = 0.0
@@ -157,6 +201,7 @@ class RolloutStats:
     tool_calls_concurrent_max: int = 0
     tool_timeouts: int = 0  # env steps that exceeded tool_timeout_s (async mode)
     tool_calls_abandoned: int = 0  # of those, calls whose thread was left running
+    step_timeouts: int = 0  # env steps past step_timeout_s that ended their episode (turn_sync)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def loop_metrics(self) -> dict[str, float]:
@@ -171,7 +216,8 @@ class RolloutStats:
                 "concurrent_episodes_mean": float(self.concurrent_episodes_mean),
                 "tool_calls_concurrent_max": float(self.tool_calls_concurrent_max),
                 "tool_timeouts": float(self.tool_timeouts),
-                "tool_calls_abandoned": float(self.tool_calls_abandoned)}
+                "tool_calls_abandoned": float(self.tool_calls_abandoned),
+                "step_timeouts": float(self.step_timeouts)}
 
 
 @dataclass
@@ -222,7 +268,10 @@ def _describe(exc: BaseException) -> str:
 
 
 class MultiTurnRollout:
-    """Runs groups of G episodes per task with one batched engine call per turn."""
+    """Runs groups of G episodes per task with one batched engine call per turn.
+
+    ``step_timeout_s``: the env-step watchdog (see the module doc); None runs the steps in the
+    caller's thread with no limit."""
 
     def __init__(
         self,
@@ -231,7 +280,13 @@ class MultiTurnRollout:
         env_factory: Callable[[], ToolEnv],
         sampling: SamplingConfig,
         config: RolloutConfig | None = None,
+        *,
+        step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
     ) -> None:
+        self.step_timeout_s = _check_timeout("step_timeout_s", step_timeout_s)
+        self._step_pool: ToolPool | None = None  # made on the first watched step
+        # envs whose timed-out step still runs: never read (episode_stats) nor reused
+        self._abandoned_envs: set[int] = set()
         self.engine = engine
         self.tokenizer = tokenizer
         self.env_factory = env_factory
@@ -248,6 +303,9 @@ class MultiTurnRollout:
         return self._env_pool.pop() if self._env_pool else self.env_factory()
 
     def _release_env(self, env: ToolEnv) -> None:
+        if id(env) in self._abandoned_envs:  # a timed-out step may still change it: dropped
+            self._abandoned_envs.discard(id(env))
+            return
         self._env_pool.append(env)
 
     def _prompt_ids(self, messages: list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
@@ -343,7 +401,7 @@ class MultiTurnRollout:
             return
         t0 = time.perf_counter()
         try:
-            res = ep.env.step(text)
+            res = self._step_env(ep, text, stats)
         except Exception as exc:  # environments must not crash a run; record and end it
             ep.env_error = repr(exc)
             self._fail(ep, "env_step", exc, stats)
@@ -351,6 +409,24 @@ class MultiTurnRollout:
         finally:
             stats.tool_latencies_s.append(time.perf_counter() - t0)
         self._take_step(ep, res, stats)
+
+    def _step_env(self, ep: _Episode, text: str, stats: RolloutStats) -> StepResult:
+        """``ep.env.step(text)``, on the watchdog's worker when ``step_timeout_s`` is set; raises
+        :class:`EnvStepTimeout` (counted, the env dropped) for a step past it."""
+        limit = self.step_timeout_s
+        if limit is None:
+            return ep.env.step(text)
+        if self._step_pool is None:  # one thread: the turn_sync loop steps one env at a time
+            self._step_pool = ToolPool(1, name="env-step")
+        call = self._step_pool.call(ep.env.step, text, timeout=limit)
+        if call.abandoned:
+            stats.step_timeouts += 1
+            stats.tool_calls_abandoned += 1
+            self._abandoned_envs.add(id(ep.env))
+            raise EnvStepTimeout(f"env step still running after step_timeout_s={limit:g} s: the episode ends here "
+                                 "and its environment is dropped (raise .env_runners(step_timeout_s=...) if healthy "
+                                 "steps take this long; None = no limit)")
+        return call.result()
 
     def _take_turn(self, ep: _Episode, out: GenerationOutput, stats: RolloutStats) -> str | None:
         """Append the sampled assistant turn to ``ep``; returns its decoded text for the env, or
@@ -423,8 +499,11 @@ class MultiTurnRollout:
         return obs_ids
 
     def _episode_stats(self, ep: _Episode) -> Any:
-        """What the episode's environment reports (the async loop first checks no abandoned
-        tool call may still be changing it)."""
+        """What the episode's environment reports; an environment whose timed-out step still
+        runs is not read (the async loop adds its own check for its abandoned tool calls)."""
+        if id(ep.env) in self._abandoned_envs:
+            raise EnvStepTimeout(f"an env step ran past step_timeout_s={self.step_timeout_s:g} s; its environment "
+                                 "cannot be read safely")
         return ep.env.episode_stats()
 
     def _finish(self, ep: _Episode, policy_version: int, *, keep_stamps: bool = False) -> Trajectory:

@@ -10,6 +10,11 @@ its worker is left to finish the call, then exits, and a fresh worker takes its 
 a hung tool never shrinks the pool. The workers are daemon threads, unlike
 ``concurrent.futures.ThreadPoolExecutor``'s, which the interpreter joins at exit: a call that never
 returns cannot keep the process alive. ``ToolPool.stuck`` counts abandoned calls still running.
+
+Two ways to wait: an episode coroutine submits a :class:`ToolCall` and awaits it
+(:meth:`ToolPool.submit`); a plain thread calls :meth:`ToolPool.call`, which blocks it for at most
+the timeout (the turn-synchronous loop's env steps, a watched engine call: the watchdogs of
+docs/design.md "Fault tolerance").
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
-__all__ = ["ToolPool", "ToolCall"]
+__all__ = ["ToolPool", "ToolCall", "BlockingCall"]
 
 
 def _post(fut: asyncio.Future, value: Any) -> None:
@@ -30,10 +35,9 @@ def _post(fut: asyncio.Future, value: Any) -> None:
 class ToolCall:
     """One call submitted to a :class:`ToolPool`; awaited with :meth:`finish`."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple, loop: asyncio.AbstractEventLoop | None) -> None:
         self.fn, self.args, self.loop = fn, args, loop
-        self._started = loop.create_future()
-        self._done = loop.create_future()
+        self._started, self._done = self._signals()
         # written by the worker, read by the loop once ``_done`` is set
         self.value: Any = None
         self.error: BaseException | None = None
@@ -42,6 +46,10 @@ class ToolCall:
         self.finished = False
         self.abandoned = False
         self.cancelled = False
+
+    def _signals(self) -> tuple[Any, Any]:
+        """(started, done): futures of the loop that awaits the call."""
+        return self.loop.create_future(), self.loop.create_future()
 
     @property
     def done(self) -> bool:
@@ -72,6 +80,24 @@ class ToolCall:
             self.loop.call_soon_threadsafe(_post, fut, value)
         except RuntimeError:  # the loop is gone: nobody waits for this call any more
             pass
+
+
+class BlockingCall(ToolCall):
+    """A call that a plain thread waits for (:meth:`ToolPool.call`): its signals are threading
+    events, not futures of an event loop."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple) -> None:
+        super().__init__(fn, args, None)
+
+    def _signals(self) -> tuple[threading.Event, threading.Event]:
+        return threading.Event(), threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _notify(self, fut: threading.Event, value: Any) -> None:
+        fut.set()
 
 
 class ToolPool:
@@ -105,6 +131,21 @@ class ToolPool:
             raise RuntimeError(f"ToolPool {self.name!r} is shut down")
         call = ToolCall(fn, args, asyncio.get_running_loop())
         self._jobs.put(call)
+        return call
+
+    def call(self, fn: Callable[..., Any], *args: Any, timeout: float | None) -> BlockingCall:
+        """Run ``fn(*args)`` on a worker and block this thread until it returns, or for at most
+        ``timeout`` seconds once it started (None: no limit). A call still running then is
+        abandoned (``call.abandoned``; :meth:`abandon`); otherwise ``call.result()`` is what it
+        returned or raised. Thread-safe; no event loop involved."""
+        if self._closed:
+            raise RuntimeError(f"ToolPool {self.name!r} is shut down")
+        call = BlockingCall(fn, args)
+        self._jobs.put(call)
+        call._started.wait()  # a worker is always free: an abandoned one is replaced at once
+        if not call._done.wait(timeout) and self.abandon(call):
+            return call
+        call._done.wait()  # it returned just as it was abandoned: its result is about to be there
         return call
 
     def abandon(self, call: ToolCall) -> bool:

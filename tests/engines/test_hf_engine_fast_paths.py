@@ -1,6 +1,9 @@
-"""HFEngine's shared-prompt prefill and preallocated KV cache: faster, and the same samples and
-log-probs as the per-row prefill into a growing ``DynamicCache``."""
+"""HFEngine's shared-prompt prefill, preallocated KV cache and prepared decode mask: faster, and the
+same samples and log-probs as the per-row prefill into a growing ``DynamicCache`` with the model's
+own mask at every step."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -141,3 +144,46 @@ def test_other_cache_layers_keep_their_growth(hf_engine):
     plain.update(torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4), 0)
     out = hf_engine._decode_cache(plain, None, capacity=10)
     assert type(out.layers[0]) is PreallocatedLayer and out.get_seq_length() == 3
+
+
+@pytest.mark.parametrize("case", ["padded", "stops_and_caps", "no_padding", "greedy"])
+def test_prepared_decode_mask_reproduces_the_models_mask(hf_engine, chat_prompts, group_prompts, monkeypatch, case):
+    # the 4D padding mask built once per batch gives bitwise the outputs of the model building
+    # its mask from the 2D one at every step (rows leaving included; no padding: no mask)
+    prompts, caps = group_prompts, None
+    sc = SamplingConfig(max_new_tokens=20, seed=12, temperature=1.1, top_p=0.95)
+    if case == "stops_and_caps":
+        prompts, caps = chat_prompts, [20, 4, 0, 13, 7, 20]
+        sc = SamplingConfig(max_new_tokens=20, seed=13, stop=["e", "o "])
+    elif case == "no_padding":
+        prompts = [chat_prompts[1]] * 5
+    elif case == "greedy":
+        sc = SamplingConfig(max_new_tokens=20, temperature=0.0)
+    masks: list = []
+    real = HFEngine._prepared_mask
+
+    def spy(self, cache, attn):
+        masks.append(real(self, cache, attn))
+        return masks[-1]
+
+    monkeypatch.setattr(HFEngine, "_prepared_mask", spy)
+    prepared = hf_engine.generate(prompts, sc, caps)
+    assert masks and all(m is not None for m in masks)
+    assert (masks[0].numel() == 0) == (case == "no_padding")
+    monkeypatch.setattr(HFEngine, "_prepared_mask", lambda self, cache, attn: None)
+    per_step = hf_engine.generate(prompts, sc, caps)
+    assert [o.token_ids for o in prepared] == [o.token_ids for o in per_step]
+    assert [o.logprobs for o in prepared] == [o.logprobs for o in per_step]
+    assert [o.finish_reason for o in prepared] == [o.finish_reason for o in per_step]
+
+
+def test_no_prepared_mask_for_other_attention_or_layers(hf_engine):
+    attn = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    full = Cache(layers=[DynamicLayer()])
+    assert torch.equal(hf_engine._prepared_mask(full, attn), attn.bool()[:, None, None, :])
+    # a sliding-window layer needs the model's own mask
+    assert hf_engine._prepared_mask(Cache(layers=[DynamicLayer(), DynamicSlidingWindowLayer(sliding_window=4)]),
+                                    attn) is None
+    # an eager attention adds a float mask: the model's own
+    eager = SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager")))
+    assert HFEngine._prepared_mask(eager, full, attn) is None

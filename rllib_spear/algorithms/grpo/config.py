@@ -109,7 +109,9 @@ class GRPOConfig(AlgorithmConfig):
         observation_template ("chatml" | "llama3" | "chat_template": a ``tool`` message through the
         tokenizer's chat template, docs/tools.md); the agent loop (docs/design.md "The agent
         loop"): rollout_mode ("turn_sync" | "async"), and for "async" tool_concurrency (env steps
-        at once, None = one per episode) and tool_timeout_s (None = no limit)."""
+        at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
+        (docs/design.md "Fault tolerance"): step_timeout_s (one env step; tool_timeout_s is its
+        older async name) and generation_timeout_s (one engine call), None = no limit."""
         own = {k: kwargs.pop(k) for k in list(kwargs)
                if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}
         if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:
@@ -346,6 +348,8 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("max_model_len", 16)
         pos_int("max_response_tokens")
         pos_int("lr_warmup_steps", 0)
+        if self.max_consecutive_skipped_steps is not None:  # None or 0: never stop (update_core.StepGuard)
+            pos_int("max_consecutive_skipped_steps", 0)
         check_recipe(self, err)
         if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
             err(f"`weight_decay` must be a number >= 0, got {self.weight_decay!r}")
@@ -508,6 +512,20 @@ class GRPOConfig(AlgorithmConfig):
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
             err(f"`tool_timeout_s` must be a number of seconds > 0, or None for no limit "
                 f"(.env_runners(tool_timeout_s=...)), got {t!r}")
+        self._check_watchdogs(err)
+
+    def _check_watchdogs(self, err) -> None:
+        """``step_timeout_s`` / ``generation_timeout_s`` (docs/design.md "Fault tolerance")."""
+        from ...env_runners.rollout import resolve_step_timeout
+
+        try:
+            resolve_step_timeout(self.step_timeout_s, self.tool_timeout_s)
+        except ValueError as e:
+            err(f"`step_timeout_s`: {e}")
+        g = self.generation_timeout_s
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not g > 0):
+            err(f"`generation_timeout_s` must be a number of seconds > 0, or None for no limit "
+                f"(.env_runners(generation_timeout_s=...)), got {g!r}")
 
     def _check_evaluation(self, err) -> None:
         """The ``evaluation()`` knobs (docs/design.md "Validation")."""

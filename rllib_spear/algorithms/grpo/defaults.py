@@ -54,6 +54,10 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "micro_batch_token_budget": 8192,
     "lr_warmup_steps": 0,
     "recompute_old_logprobs": False,  # trainer-side logp_old (needed with tis_cap on vLLM)
+    # bad steps (docs/design.md "Fault tolerance"): an optimizer step whose loss or gradient is
+    # non-finite on any learner rank is skipped on every rank and counted (`skipped_steps`);
+    # this many skipped steps in a row stop the run with an error; 0 or None = never stop
+    "max_consecutive_skipped_steps": 10,
     # rollout pipelining (docs/design.md "Rollout pipelining"): "sync" samples, then trains;
     # "one_step_off" samples the next batch while the learners train on this one (lag 1 update);
     # "async" samples without pause and trains on groups as they finish (partial rollouts; needs
@@ -85,6 +89,11 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "rollout_mode": "turn_sync",
     "tool_concurrency": None,  # async: env steps at once; None = one per episode of the call
     "tool_timeout_s": 300.0,  # async: a longer env step becomes a timeout observation; None = no limit
+    # watchdogs (docs/design.md "Fault tolerance"): an env step past step_timeout_s ends its episode
+    # as an error in turn_sync (in async it is the tool timeout above: set one of the two); an engine
+    # call past generation_timeout_s fails the sampling call and restarts the runner. None = no limit
+    "step_timeout_s": 300.0,
+    "generation_timeout_s": 3600.0,
 }
 
 

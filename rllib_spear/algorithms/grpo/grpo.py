@@ -90,7 +90,11 @@ class GRPO(Algorithm):
         from ...coldstart import resolve_model_path
         from ...envs import load_tasks
         from ...models.folders import require_model_folder
+        from .resource_check import check_cluster_fits
 
+        # Actors the cluster can never hold would be waited for forever: refuse now, naming the
+        # knobs (docs/design.md "Fault tolerance"), before any actor starts or a model is built.
+        check_cluster_fits(config)
         # Resolve "embedded" once on the driver (builds and caches the tiny SFT policy), so that
         # learners and runners load the same folder instead of racing to build it.
         path = config.model_config["model_path"]
@@ -279,10 +283,18 @@ class GRPO(Algorithm):
         mabs = [MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(b)}, env_steps=len(b["input_ids"]))
                 for b in batches]
         timesteps = {NUM_ENV_STEPS_SAMPLED_LIFETIME: step}
-        if cfg.num_learners <= 1 and len(mabs) == 1:
-            res = self.learner_group.update(batch=mabs[0], timesteps=timesteps)
-        else:
-            res = self.learner_group.update(batches=mabs, timesteps=timesteps)
+        try:
+            if cfg.num_learners <= 1 and len(mabs) == 1:
+                res = self.learner_group.update(batch=mabs[0], timesteps=timesteps)
+            else:
+                res = self.learner_group.update(batches=mabs, timesteps=timesteps)
+        except Exception as exc:  # a learner rank that died fails the iteration, saying so
+            from .learner_failure import explain_learner_failure
+
+            explained = explain_learner_failure(self.learner_group, exc)
+            if explained is exc:  # no learner died: the error as it was (never its own cause)
+                raise
+            raise explained from exc
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
 
@@ -417,27 +429,70 @@ class GRPO(Algorithm):
 
     # ------------------------------------------------------------------ checkpoint state
     def save_to_path(self, path=None, *, state=None, filesystem=None, use_msgpack=False) -> str:
-        """RLlib's checkpoint; under FSDP every learner rank first writes its shards
-        (torch.distributed.checkpoint) into ``learner_group/learner/sharded_state`` of the same
-        folder, where the learners' ``restore_from_path`` finds them (with any number of ranks)."""
-        if self.config.sharding == "fsdp" and state is None:
-            import tempfile
-            from pathlib import Path
+        """RLlib's checkpoint, written atomically (docs/design.md "Atomic checkpoints"): into a
+        temporary sibling folder, with a manifest of every file's size and CRC-32, fsynced, then
+        renamed (or swapped) into place, so that a kill or a full disk mid-save leaves the
+        previous checkpoint at ``path`` (a ``CheckpointWriteError`` names the path and the fix).
+        Under FSDP every learner rank first writes its shards (torch.distributed.checkpoint) into
+        ``learner_group/learner/sharded_state`` of that folder, where the learners'
+        ``restore_from_path`` finds them (with any number of ranks). A URI or pyarrow filesystem
+        (no atomic rename there) gets RLlib's plain save."""
+        import tempfile
+        import uuid
+        from pathlib import Path
 
-            from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP
+        from ...checkpoint_io import atomic_folder, is_local_path
 
-            from .learner import SHARDED_STATE_DIR
-
-            if filesystem is not None or (path is not None and "://" in str(path)):
+        fsdp = self.config.sharding == "fsdp" and state is None
+        if not is_local_path(path, filesystem):
+            if fsdp:
                 raise ValueError("sharding='fsdp' checkpoints are written by every learner rank: save to a "
                                  "local or shared-filesystem path (no pyarrow filesystem / URI)")
-            path = str(path) if path is not None else tempfile.mkdtemp()
-            shard_dir = str(Path(path).absolute() / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / SHARDED_STATE_DIR)
-            results = self.learner_group.foreach_learner(lambda learner, d=shard_dir: learner.save_sharded_state(d))
-            errors = [r.get() for r in results.result_or_errors if not r.ok]
-            if errors:
-                raise errors[0]
-        return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+            logger.debug("checkpoint %s: not a local path, written in place (not atomically)", path)
+            return super().save_to_path(path, state=state, filesystem=filesystem, use_msgpack=use_msgpack)
+        target = Path(path if path is not None else Path(tempfile.gettempdir()) / uuid.uuid4().hex).absolute()
+        with atomic_folder(target) as tmp:
+            if fsdp:
+                self._save_sharded_state(tmp)
+            super().save_to_path(tmp.as_posix(), state=state, use_msgpack=use_msgpack)
+        return str(target)
+
+    def _save_sharded_state(self, folder) -> None:
+        """Every FSDP learner rank writes its shards into ``folder``'s learner state folder."""
+        from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP
+
+        from .learner import SHARDED_STATE_DIR
+
+        shard_dir = str(folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / SHARDED_STATE_DIR)
+        results = self.learner_group.foreach_learner(lambda learner, d=shard_dir: learner.save_sharded_state(d))
+        errors = [r.get() for r in results.result_or_errors if not r.ok]
+        if errors:
+            raise errors[0]
+
+    def restore_from_path(self, path, *args, **kwargs) -> None:
+        """RLlib's restore, after the checkpoint's manifest checked every file's size and CRC-32
+        (``checkpoint_io.verify_checkpoint``: a truncated or corrupted file is refused by name
+        before RLlib reads anything; a checkpoint without a manifest, from an older version,
+        loads as it is)."""
+        import os
+
+        from ...checkpoint_io import is_local_path, verify_checkpoint
+
+        if isinstance(path, (str, os.PathLike)) and is_local_path(path, kwargs.get("filesystem")):
+            verify_checkpoint(path)
+        return super().restore_from_path(path, *args, **kwargs)
+
+    @classmethod
+    def from_checkpoint(cls, path, filesystem=None, **kwargs):
+        """RLlib's ``from_checkpoint``, after the manifest check of :meth:`restore_from_path`: a
+        damaged checkpoint is refused before the algorithm and its actors are built."""
+        import os
+
+        from ...checkpoint_io import is_local_path, verify_checkpoint
+
+        if isinstance(path, (str, os.PathLike)) and is_local_path(path, filesystem):
+            verify_checkpoint(path)  # restore_from_path's check of the unchanged files only stats
+        return super().from_checkpoint(path, filesystem, **kwargs)
 
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict[str, Any]:
         state = super().get_state(components, not_components=not_components, **kwargs)

@@ -56,6 +56,12 @@ the sample, on any batch size. ``entropy_metric_tokens=0`` turns the metric off.
 recomputation never asks for it.
 
 Optimizer: AdamW, fused where torch supports it on the parameters' device (``learner_optim``).
+
+Bad steps (docs/design.md "Fault tolerance"): a non-finite loss or gradient on any rank skips
+that optimizer step on every rank (``update_core.step_or_skip``, in every layout); the learner
+logs ``skipped_steps`` per update (counted by rank 0 only: the decision is the same on every
+rank, and RLlib sums the learners' counts) and its ``StepGuard`` stops the run after
+``max_consecutive_skipped_steps`` skipped steps in a row.
 """
 from __future__ import annotations
 
@@ -71,12 +77,14 @@ from ray.rllib.utils.annotations import override
 from ...core.losses import METRIC_REDUCE, policy_loss
 from ...models.threads import apply_torch_threads
 from .learner_optim import build_adamw
-from .learner_setup import ModuleLayoutMixin
+from .learner_setup import ModuleLayoutMixin, rank
 from .learner_vllm_transfer import VLLMTransferMixin
 from .learner_state import LEARNER_STATE_KEY, SHARDED_STATE_DIR, LearnerStateMixin, gather_objects
 from .microbatching import LossMetrics, total_grad_norm
 from .update_core import (
+    StepGuard,
     UpdateSettings,
+    any_rank,
     backward_share,
     clip_sharded_grads,
     policy_loss_parts,
@@ -115,6 +123,8 @@ class GRPOTorchLearner(LearnerStateMixin, VLLMTransferMixin, ModuleLayoutMixin, 
         # generators, one stream each and per rank (learner_state), keep both reproducible.
         self._seed_generators(int(getattr(self.config, "seed", 0) or 0))
         self._loss_metrics: LossMetrics | None = None  # the metrics of the update in progress
+        # skipped optimizer steps over the learner's life: consecutive ones span updates
+        self._step_guard = StepGuard(getattr(self.config, "max_consecutive_skipped_steps", None))
 
     # ------------------------------------------------------------------ optimizer
     @override(TorchLearner)
@@ -180,12 +190,14 @@ class GRPOTorchLearner(LearnerStateMixin, VLLMTransferMixin, ModuleLayoutMixin, 
         module = self.module[module_id]
         config = self.config.get_config_for_module(module_id)
         metrics = self._loss_metrics = LossMetrics()
+        skipped_before = self._step_guard.skipped
         try:
             # the Ray-free core (update_core) drives the loop through this learner's RLlib hooks
             fwd_out, trained_tokens, steps = run_update(
                 _LearnerHooks(self, module_id, module), data, UpdateSettings.of(config), metrics=metrics,
                 entropy_generator=self._entropy_generator,
-                recompute=lambda d, budget: self._recompute_old_logp(module, d, budget))
+                recompute=lambda d, budget: self._recompute_old_logp(module, d, budget),
+                guard=self._step_guard)
         finally:
             self._loss_metrics = None
         if steps:
@@ -195,6 +207,9 @@ class GRPOTorchLearner(LearnerStateMixin, VLLMTransferMixin, ModuleLayoutMixin, 
                 self.metrics.log_value((module_id, k), v, reduce="max", window=1)
         total_loss = self._log_update_metrics(module_id, metrics)
         self.metrics.log_value((module_id, "num_optimizer_steps"), steps, reduce="sum")
+        # every rank skips the same steps; RLlib sums the learners' results: rank 0 counts them
+        skipped = self._step_guard.skipped - skipped_before
+        self.metrics.log_value((module_id, "skipped_steps"), skipped if rank() == 0 else 0, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
         return fwd_out, {module_id: torch.tensor(total_loss, dtype=torch.float32)}, {}
 
@@ -226,7 +241,9 @@ class GRPOTorchLearner(LearnerStateMixin, VLLMTransferMixin, ModuleLayoutMixin, 
         """Log ``grad_norm`` (before clipping), then clip. FSDP: the norm over every rank's shards
         and global-norm clipping of the shards (RLlib's clip and finite checks work on whole
         tensors, not on DTensor shards); a non-finite norm returns no gradients, and
-        :meth:`apply_gradients` then skips the step (the same norm on every rank: all skip)."""
+        :meth:`apply_gradients` then skips the step (the same norm on every rank: all skip).
+        Non-finite gradients never get here (``update_core.step_or_skip`` skips them first): a
+        norm that overflows on finite gradients does."""
         config = config or self.config.get_config_for_module(module_id)
         if not self.is_sharded:
             self.metrics.log_value((module_id, "grad_norm"), total_grad_norm(module_gradients_dict.values()),
@@ -274,8 +291,11 @@ class _LearnerHooks:
     def backward(self, losses: dict) -> dict:
         return self.learner.compute_gradients(losses)
 
-    def finish_step(self, grads: dict) -> None:
-        self.learner.apply_gradients(self.learner.postprocess_gradients(grads))
+    def finish_step(self, grads: dict) -> bool:
+        processed = self.learner.postprocess_gradients(grads)
+        self.learner.apply_gradients(processed)
+        # FSDP returns no gradients on a global norm that overflows: that step was dropped
+        return bool(processed) or not grads
 
     def zero_grad(self) -> None:
         for optim in self.learner._optimizers():
@@ -283,6 +303,10 @@ class _LearnerHooks:
 
     def max_over_ranks(self, n: int) -> int:
         return self.learner._max_over_ranks(n)
+
+    def any_over_ranks(self, flag: bool) -> bool:
+        # every layout, DDP included: one rank's NaN loss must make every rank skip
+        return any_rank(flag, self.learner.device)
 
     def no_sync(self, sync: bool) -> ContextManager:
         return self.module.no_sync() if self._replicated_multi and not sync else contextlib.nullcontext()

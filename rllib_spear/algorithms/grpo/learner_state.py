@@ -356,22 +356,38 @@ class LearnerStateMixin:
     @override(TorchLearner)
     def set_state(self, state) -> None:
         from ray.rllib.core import COMPONENT_OPTIMIZER, COMPONENT_RL_MODULE
+        from ray.rllib.utils.metrics import WEIGHTS_SEQ_NO
 
         own = state.get(LEARNER_STATE_KEY) or {}
+        state = dict(state)
+        has_module = COMPONENT_RL_MODULE in state
+        if has_module:
+            # The module weights first, whatever their version: RLlib's Learner.set_state loads
+            # them only when the state's WEIGHTS_SEQ_NO is higher than this learner's, so an
+            # older state set into a live learner (Algorithm.set_state of an earlier get_state)
+            # would put its optimizer state on the newer weights (docs/design.md "Restoring an
+            # older checkpoint"; restore_from_path loads the module from its own folder).
+            self.module.set_state(state.pop(COMPONENT_RL_MODULE))
         if self.is_sharded and COMPONENT_OPTIMIZER in state:
             # A replicated (DDP / single-learner) checkpoint into sharded learners: the module
-            # weights load (full tensors are scattered); the optimizer state is per-tensor and
-            # its shards are cut the same way.
-            state = dict(state)
+            # weights loaded above (full tensors are scattered); the optimizer state is
+            # per-tensor and its shards are cut the same way.
             self._set_full_optimizer_state_sharded(state.pop(COMPONENT_OPTIMIZER))
         super().set_state(state)
         self._set_rng_state(own)
         sharded = own.get("sharded_state")
-        if sharded and COMPONENT_RL_MODULE not in state:
+        if sharded and not has_module:
             if self._restore_dir is None:
                 raise ValueError("this learner state points to sharded weights on disk: restore it with "
                                  "restore_from_path / Algorithm.from_checkpoint, not set_state")
             self.load_sharded_state(os.path.join(self._restore_dir, sharded["dir"]))
+        if WEIGHTS_SEQ_NO in state and (has_module or sharded or self._restore_dir is not None):
+            # The restored weights' version, older or not (RLlib only ever raises it, and never
+            # to 0): the weight sync then sends them to the runners, which apply any version
+            # other than the one they hold. In restore_from_path (_restore_dir) RLlib has loaded
+            # the module from its own folder before this state. A state without module weights
+            # or a version (LearnerGroup.set_weights) keeps this learner's, as in RLlib.
+            self._weights_seq_no = int(state[WEIGHTS_SEQ_NO])
 
     def _set_full_optimizer_state_sharded(self, opt_state: dict) -> None:
         """RLlib's optimizer state (full tensors, numpy; one entry per registered optimizer, by

@@ -11,6 +11,11 @@ a model, its optimizer and the loss configs; benchmarks/gpu_learner_check.py tra
 a machine without Ray, and tests/algorithms/test_update_core.py checks that it moves the weights
 as the RLlib learner does.
 
+Bad steps (docs/design.md "Fault tolerance"): every layout (one learner, DDP, FSDP2) decides
+whether to apply an optimizer step through :func:`step_or_skip`, one rule: the step is skipped
+on every rank when the loss or the gradient is non-finite on any rank; :class:`StepGuard` counts
+the skipped steps and stops the run after ``max_consecutive_skipped_steps`` in a row.
+
 Nothing here imports Ray (tests/algorithms/test_update_core.py imports it with Ray blocked).
 """
 from __future__ import annotations
@@ -38,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["UpdateHooks", "UpdateSettings", "run_update", "minibatch_step", "recompute_old_logp",
            "policy_loss_parts", "backward_share", "clip_sharded_grads", "step_optimizers",
-           "record_engine_mismatch", "add_entropy_sample", "LocalUpdate"]
+           "record_engine_mismatch", "add_entropy_sample", "LocalUpdate", "StepGuard",
+           "TooManySkippedStepsError", "step_or_skip", "bad_step_reason", "any_rank"]
 
 
 class UpdateHooks(Protocol):
@@ -56,13 +62,18 @@ class UpdateHooks(Protocol):
     def backward(self, losses: dict[Any, torch.Tensor]) -> dict:
         """Backward into the accumulated ``.grad``; returns {param ref: grad}."""
 
-    def finish_step(self, grads: dict) -> None:
-        """Norm, clip and optimizer step of one mini-batch's accumulated gradients."""
+    def finish_step(self, grads: dict) -> bool | None:
+        """Norm, clip and optimizer step of one mini-batch's accumulated gradients (finite on
+        every rank: :func:`step_or_skip`). False: the step was dropped after all (FSDP: a global
+        norm that overflows), the same on every rank."""
 
     def zero_grad(self) -> None: ...
 
     def max_over_ranks(self, n: int) -> int:
         """max(n) over the learner ranks (FSDP: every rank runs as many forwards)."""
+
+    def any_over_ranks(self, flag: bool) -> bool:
+        """``flag`` or'ed over every learner rank, in any layout (:func:`any_rank`)."""
 
     def no_sync(self, sync: bool) -> ContextManager:
         """DDP's ``no_sync`` on micro-batches that do not end the step (``sync`` False)."""
@@ -206,6 +217,85 @@ def step_optimizers(optimizers: Iterable[torch.optim.Optimizer], apply: bool) ->
             optim.zero_grad(set_to_none=True)
 
 
+# ---------------------------------------------------------------------- bad steps
+class TooManySkippedStepsError(RuntimeError):
+    """``max_consecutive_skipped_steps`` optimizer steps in a row had a non-finite loss or
+    gradient: the run stops instead of training on nothing (or on NaN weights)."""
+
+
+class StepGuard:
+    """Counts the optimizer steps :func:`step_or_skip` skipped, over the whole run (not one
+    update): ``skipped`` in all, ``consecutive`` since the last applied step. ``limit``
+    (``training(max_consecutive_skipped_steps=...)``): that many skipped steps in a row raise
+    :class:`TooManySkippedStepsError`; 0 or None never stop. The decision is the same on every
+    rank, so every rank's guard raises at the same step (no rank is left waiting in a
+    collective)."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = int(limit or 0)
+        self.skipped = 0
+        self.consecutive = 0
+
+    def record(self, applied: bool) -> None:
+        """One optimizer step's outcome; raises when it makes ``limit`` skipped steps in a row."""
+        if applied:
+            self.consecutive = 0
+            return
+        self.skipped += 1
+        self.consecutive += 1
+        if self.limit and self.consecutive >= self.limit:
+            raise TooManySkippedStepsError(
+                f"{self.consecutive} optimizer steps in a row were skipped for a non-finite loss or gradient "
+                f"(training(max_consecutive_skipped_steps={self.limit})): the run has diverged or its batches "
+                f"hold NaN/inf (rewards, advantages, engine log-probs). Lower `lr` or `grad_clip`, check the "
+                f"reward functions and the engine's log-probs (recompute_old_logprobs=True scores them on the "
+                f"trainer), or raise max_consecutive_skipped_steps (0 or None: never stop); "
+                f"{self.skipped} steps skipped in all")
+
+
+def any_rank(flag: bool, device: torch.device | str | None = None) -> bool:
+    """``flag`` or'ed over the ranks of the default process group (``flag`` itself without one
+    or with one rank): one all-reduce of one number. ``device``: where an NCCL group wants the
+    tensor (gloo takes it on the CPU)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return bool(flag)
+    on = device if device is not None and dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=on)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def bad_step_reason(loss_finite: bool, grads: Iterable[torch.Tensor | None]) -> str | None:
+    """Why this rank's step must not be applied: "non-finite loss", "non-finite gradient", or
+    None. The gradients are this rank's (FSDP: its local shards; DDP: already all-reduced); a
+    gradient whose L2 norm overflows counts as non-finite (its clipping coefficient would be 0).
+    One host sync over all gradients (torch's foreach norm)."""
+    if not loss_finite:
+        return "non-finite loss"
+    from torch.distributed.tensor import DTensor
+
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads if g is not None]
+    if local and not bool(torch.isfinite(torch.nn.utils.get_total_norm([g.detach() for g in local]))):
+        return "non-finite gradient"
+    return None
+
+
+def step_or_skip(hooks: UpdateHooks, grads: dict, loss_finite: bool) -> bool:
+    """The optimizer step of one mini-batch, or its skip: the rule of every layout. The step is
+    skipped on every rank when the loss or the gradient is non-finite on any rank (a flag
+    all-reduced over the ranks: DDP all-reduces the gradients but not the loss, and a rank that
+    stepped while another skipped would hold other weights from then on). Skipping drops the
+    gradients: no weight and no optimizer state changes. Returns whether the step was applied."""
+    reason = bad_step_reason(loss_finite, grads.values())
+    if hooks.any_over_ranks(reason is not None):
+        logger.warning("skipping this optimizer step: %s", reason or "a non-finite loss or gradient on another rank")
+        hooks.zero_grad()
+        return False
+    return hooks.finish_step(grads) is not False
+
+
 # ---------------------------------------------------------------------- the loop
 def recompute_old_logp(hooks: UpdateHooks, data: dict, budget: int) -> torch.Tensor:
     """logp_old of the on-policy rows under the current weights (no grad), micro-batched like
@@ -231,11 +321,12 @@ def recompute_old_logp(hooks: UpdateHooks, data: dict, budget: int) -> torch.Ten
 
 def minibatch_step(hooks: UpdateHooks, data: dict, mb: int, settings: UpdateSettings, *,
                    metrics: LossMetrics, entropy_generator: torch.Generator,
-                   first: bool) -> tuple[dict, int]:
+                   first: bool, guard: StepGuard | None = None) -> tuple[dict, int]:
     """One optimizer step on mini-batch ``mb`` of ``data`` (one epoch's view,
-    ``microbatching.epoch_view``): gradients accumulated over its token-budget micro-batches.
-    ``first``: the update's first step (entropy sample, engine mismatch). Returns (the last
-    micro-batch's forward outputs, the tokens trained on)."""
+    ``microbatching.epoch_view``): gradients accumulated over its token-budget micro-batches,
+    applied or skipped by :func:`step_or_skip` and recorded in ``guard`` (which may raise
+    :class:`TooManySkippedStepsError`). ``first``: the update's first step (entropy sample,
+    engine mismatch). Returns (the last micro-batch's forward outputs, the tokens trained on)."""
     rows = torch.nonzero(data["minibatch_id"].long() == mb).flatten()
     micro = token_budget_microbatches(data["attention_mask"][rows], settings.budget)
     # A learner without rows of this mini-batch joins the collectives with dummy rows;
@@ -256,6 +347,7 @@ def minibatch_step(hooks: UpdateHooks, data: dict, mb: int, settings: UpdateSett
     fwd_out: dict = {}
     grads: dict = {}
     trained_tokens = 0
+    loss_finite = True
     hooks.zero_grad()
     for i, part in enumerate(micro):
         with hooks.no_sync(i == len(micro) - 1):  # DDP: one all-reduce per optimizer step
@@ -278,27 +370,33 @@ def minibatch_step(hooks: UpdateHooks, data: dict, mb: int, settings: UpdateSett
             if part is None:
                 losses = {mid: loss * 0.0 for mid, loss in losses.items()}
             else:
-                metrics.add_share(LossMetrics.TOTAL, float(sum(float(v.detach()) for v in losses.values())))
+                share = float(sum(float(v.detach()) for v in losses.values()))
+                loss_finite = loss_finite and math.isfinite(share)
+                metrics.add_share(LossMetrics.TOTAL, share)
                 trained_tokens += int(sub["attention_mask"].sum())
                 if mismatch:
                     record_engine_mismatch(metrics, sub, fwd_out)
             grads = hooks.backward(losses)
     for replay, (total, count) in sums.items():
         metrics.add_token_mean(("sil_" if replay else "") + "entropy", total / max(count, 1), count)
-    hooks.finish_step(grads)
+    (guard or StepGuard()).record(step_or_skip(hooks, grads, loss_finite))
     return fwd_out, trained_tokens
 
 
 def run_update(hooks: UpdateHooks, data: dict, settings: UpdateSettings, *, metrics: LossMetrics,
                entropy_generator: torch.Generator,
-               recompute: Callable[[dict, int], torch.Tensor] | None = None) -> tuple[dict, int, int]:
+               recompute: Callable[[dict, int], torch.Tensor] | None = None,
+               guard: StepGuard | None = None) -> tuple[dict, int, int]:
     """``num_epochs`` passes (the width of ``minibatch_id``) over a learner batch
     (``recipe.batching.build_learner_batches``), each one optimizer step per mini-batch of that
     epoch's shuffle: ``num_epochs x num_minibatches`` steps. With TIS or
     ``recompute_old_logprobs`` logp_old is recomputed once, before the first step (every
     epoch's ratio is against the policy before the update, PPO). Returns (the last forward
-    outputs, the tokens trained on, the optimizer steps). ``recompute(data, budget)``: how
-    logp_old is recomputed (default :func:`recompute_old_logp` on ``hooks``)."""
+    outputs, the tokens trained on, the optimizer steps applied: the skipped ones are counted in
+    ``guard``, a run-long :class:`StepGuard`). ``recompute(data, budget)``: how logp_old is
+    recomputed (default :func:`recompute_old_logp` on ``hooks``)."""
+    guard = guard if guard is not None else StepGuard()
+    skipped_before = guard.skipped
     num_epochs = num_epochs_of(data)
     num_minibatches = int(data["num_minibatches"][0]) if len(data["input_ids"]) else 0
     if settings.recompute_old_logprobs or settings.tis:
@@ -317,9 +415,9 @@ def run_update(hooks: UpdateHooks, data: dict, settings: UpdateSettings, *, metr
             metrics.step = (epoch, mb)
             fwd_out, tokens = minibatch_step(hooks, view, mb, settings, metrics=metrics,
                                              entropy_generator=entropy_generator,
-                                             first=epoch == 0 and mb == 0)
+                                             first=epoch == 0 and mb == 0, guard=guard)
             trained_tokens += tokens
-    return fwd_out, trained_tokens, num_epochs * num_minibatches
+    return fwd_out, trained_tokens, num_epochs * num_minibatches - (guard.skipped - skipped_before)
 
 
 # ---------------------------------------------------------------------- one process, no RLlib
@@ -340,7 +438,8 @@ class LocalUpdate:
                  settings: UpdateSettings, device: torch.device | str, temperature: float = 1.0,
                  chunk_size: int | None = None, grad_clip: float | None = None,
                  num_learners: int = 1, seed: int = 0,
-                 compute_context: Callable[[], ContextManager] = contextlib.nullcontext) -> None:
+                 compute_context: Callable[[], ContextManager] = contextlib.nullcontext,
+                 max_consecutive_skipped_steps: int | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self._loss_config = loss_config if callable(loss_config) else (lambda replay, c=loss_config: c)
@@ -356,6 +455,7 @@ class LocalUpdate:
         self.entropy_generator = torch.Generator().manual_seed(int(seed) + 104729)
         self.metrics = LossMetrics()
         self.grad_norms: list[float] = []
+        self.guard = StepGuard(max_consecutive_skipped_steps)  # skipped steps, over every update
 
     # hooks
     def forward(self, batch: dict) -> dict[str, torch.Tensor]:
@@ -379,13 +479,15 @@ class LocalUpdate:
         backward_share(losses.values(), self.num_learners)
         return {p: p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None}
 
-    def finish_step(self, grads: dict) -> None:
+    def finish_step(self, grads: dict) -> bool:
         norm = clip_sharded_grads(grads, self.grad_clip)
-        self.grad_norms.append(norm)
-        ok = math.isfinite(norm)
-        if not ok:
+        ok = math.isfinite(norm)  # finite gradients whose global norm overflows: dropped too
+        if ok:
+            self.grad_norms.append(norm)
+        else:
             logger.warning("grad_norm is %s: skipping this optimizer step", norm)
         step_optimizers([self.optimizer], ok)
+        return ok
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -399,6 +501,9 @@ class LocalUpdate:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
+    def any_over_ranks(self, flag: bool) -> bool:
+        return any_rank(flag, self.device)
+
     def no_sync(self, sync: bool) -> ContextManager:
         return contextlib.nullcontext()
 
@@ -406,16 +511,18 @@ class LocalUpdate:
     def update(self, data: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """One learner update on ``data`` (a learner batch, ``recipe.batching``; numpy arrays
         or tensors, moved to the device as RLlib moves the learner's batch): the metrics the
-        learner logs for it (``total_loss``, ``grad_norm`` (the mean over the steps; each step's
-        in ``grad_norms``), ``num_optimizer_steps``, ``trained_tokens`` and the loss metrics)."""
+        learner logs for it (``total_loss``, ``grad_norm`` (the mean over the applied steps; each
+        step's in ``grad_norms``), ``num_optimizer_steps`` (applied), ``skipped_steps``
+        (:func:`step_or_skip`), ``trained_tokens`` and the loss metrics)."""
         self.metrics = LossMetrics()
         self.grad_norms = []
         batch = {k: torch.as_tensor(v, device=self.device) for k, v in data.items()}
+        skipped_before = self.guard.skipped
         _, tokens, steps = run_update(self, batch, self.settings, metrics=self.metrics,
-                                      entropy_generator=self.entropy_generator)
+                                      entropy_generator=self.entropy_generator, guard=self.guard)
         out = {k: v for k, (v, _) in self.metrics.results().items()}
         out.update(total_loss=self.metrics.total_loss(), num_optimizer_steps=float(steps),
-                   trained_tokens=float(tokens))
+                   skipped_steps=float(self.guard.skipped - skipped_before), trained_tokens=float(tokens))
         if self.grad_norms:
             # the mean over the update's steps, as the learner's logger reduces it
             out["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)

@@ -11,13 +11,17 @@ ignored, the same output for any seed; its log-probs are those of softmax(logits
 Two entry points: ``generate`` (a batch, the turn-synchronous loop) and ``agenerate`` (one
 request awaited by one episode coroutine of the async agent loop, docs/design.md "The agent
 loop"), which by default batches concurrent requests over ``generate`` (engines/batching.py).
+
+``TimedEngine`` (``with_generation_timeout``) is the engine-call watchdog of docs/design.md "Fault
+tolerance": a call still running after ``generation_timeout_s`` raises ``GenerationTimeout``.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -25,7 +29,12 @@ if TYPE_CHECKING:
     from .batching import BatchingScheduler
     from .update_gate import WeightUpdateGate
 
-__all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine"]
+__all__ = ["SamplingConfig", "GenerationOutput", "GenerationEngine", "GenerationTimeout", "TimedEngine",
+           "with_generation_timeout", "DEFAULT_GENERATION_TIMEOUT_S"]
+
+#: Generous: no healthy engine call comes near an hour (a batched vLLM turn of 512 x 16k tokens
+#: takes minutes), yet an engine that hangs (a stuck collective, a dead worker) cannot stall a run.
+DEFAULT_GENERATION_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -183,3 +192,95 @@ class GenerationEngine(ABC):
         """Release engine resources (this default: the batching scheduler's thread; engines
         with resources of their own override it and call it)."""
         self.close_batching()
+
+
+class GenerationTimeout(TimeoutError):
+    """An engine call ran past ``generation_timeout_s``, or the engine hung in an earlier one."""
+
+
+class TimedEngine:
+    """``engine`` with a watchdog on its calls: ``generate`` / ``agenerate`` raise
+    :class:`GenerationTimeout` once a call ran ``timeout_s`` seconds (``agenerate``: from the
+    request's submission, queueing in the batching scheduler included). Every other attribute is
+    the engine's own (read and written through), so the wrapper is invisible to weight syncs,
+    the update gate and the batching scheduler.
+
+    A hung call cannot be stopped (``generate`` runs on a worker thread that is abandoned; an
+    ``agenerate`` is cancelled, but the decode it waits for may still run), and an engine that
+    hung cannot be trusted: from then on every call raises at once, and ``on_timeout(exc)`` (the
+    runner: docs/design.md "Fault tolerance") is called once, to count it and restart the runner.
+    ``timeouts`` counts the calls that timed out."""
+
+    _OWN = frozenset({"engine", "timeout_s", "on_timeout", "timeouts", "hung", "_pool"})
+
+    def __init__(self, engine: GenerationEngine, timeout_s: float,
+                 on_timeout: Callable[[GenerationTimeout], None] | None = None) -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"generation_timeout_s must be a number of seconds > 0, or None for no limit, "
+                             f"got {timeout_s!r}")
+        from ..tool_pool import ToolPool  # the env steps' bounded worker, here with one thread
+
+        object.__setattr__(self, "engine", engine)
+        object.__setattr__(self, "timeout_s", float(timeout_s))
+        object.__setattr__(self, "on_timeout", on_timeout)
+        object.__setattr__(self, "timeouts", 0)
+        object.__setattr__(self, "hung", None)  # the first timeout's message, once the engine hung
+        object.__setattr__(self, "_pool", ToolPool(1, name="engine-call"))
+
+    def __getattr__(self, name: str) -> Any:  # only for what the wrapper does not define
+        if name in self._OWN:  # not set yet (a copy being built): never recurse into self.engine
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._OWN:
+            object.__setattr__(self, name, value)
+        else:  # e.g. ``version``: the engine's own state
+            setattr(self.engine, name, value)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 max_new_tokens: Sequence[int] | None = None) -> list[GenerationOutput]:
+        self._refuse_if_hung()
+        call = self._pool.call(self.engine.generate, prompts, sampling, max_new_tokens, timeout=self.timeout_s)
+        if call.abandoned:
+            self._timed_out(f"engine.generate of {len(prompts)} prompt(s)")
+        return call.result()
+
+    async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, max_new_tokens: int,
+                        seed: int | None = None) -> GenerationOutput:
+        self._refuse_if_hung()
+        try:
+            return await asyncio.wait_for(self.engine.agenerate(prompt, sampling, max_new_tokens, seed=seed),
+                                          self.timeout_s)
+        except asyncio.TimeoutError:
+            self._timed_out("engine.agenerate")
+            raise  # unreachable: _timed_out raises
+
+    def shutdown(self) -> None:
+        self._pool.shutdown()
+        self.engine.shutdown()
+
+    def _refuse_if_hung(self) -> None:
+        if self.hung is not None:
+            raise GenerationTimeout(f"the engine hung in an earlier call ({self.hung}) and cannot be trusted; "
+                                    "the env runner must be restarted")
+
+    def _timed_out(self, what: str) -> None:
+        msg = (f"{what} still running after generation_timeout_s={self.timeout_s:g} s: the engine hung (or the "
+               "call is slower than the limit: raise .env_runners(generation_timeout_s=...), None = no limit)")
+        exc = GenerationTimeout(msg)
+        self.timeouts += 1
+        first = self.hung is None
+        if first:
+            self.hung = msg
+        if first and self.on_timeout is not None:
+            self.on_timeout(exc)
+        raise exc
+
+
+def with_generation_timeout(engine: GenerationEngine, timeout_s: float | None,
+                            on_timeout: Callable[[GenerationTimeout], None] | None = None) -> Any:
+    """``engine`` behind a :class:`TimedEngine` watchdog; the engine itself when ``timeout_s`` is None."""
+    if timeout_s is None:
+        return engine
+    return TimedEngine(engine, timeout_s, on_timeout)

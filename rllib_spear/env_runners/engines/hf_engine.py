@@ -5,11 +5,18 @@ The CPU default and the numerical reference. Its own decode loop (rather than
 softmax(logits / T) (before top-k/top-p), stop strings checked as they complete, per-prompt token
 caps, seeded sampling, and rows leave the batch (and its KV cache) as soon as they finish.
 
-Two things keep the loop cheap without changing the random stream (the same draws, in the same
+Sampling is inverse-CDF (:func:`sample_categorical`): one seeded uniform per row and step, where
+``torch.multinomial`` drew one per vocabulary entry (a quarter of the decode time of a 1M-parameter
+model). The random stream changed with it on 2026-12-03: the same seed gives other samples than
+before, from the same distribution.
+
+Three things keep the loop cheap without changing the random stream (the same draws, in the same
 order and shape; see ``HFEngine``): identical prompts (a GRPO group's samples) are prefilled once
-and their cache rows copied to every sample (``shared_prefill``), and the decode steps write their
+and their cache rows copied to every sample (``shared_prefill``), the decode steps write their
 keys and values into buffers allocated once per batch (``preallocate_kv``,
-:class:`PreallocatedLayer`) instead of growing the cache with a ``torch.cat`` per layer and step.
+:class:`PreallocatedLayer`) instead of growing the cache with a ``torch.cat`` per layer and step,
+and the decode steps' padding mask is built once per batch (``HFEngine._prepared_mask``) rather
+than by the model at every step.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from ...models.dtypes import torch_dtype
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 
-__all__ = ["HFEngine", "PreallocatedLayer", "apply_top_k_top_p", "group_identical"]
+__all__ = ["HFEngine", "PreallocatedLayer", "apply_top_k_top_p", "group_identical", "sample_categorical"]
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) logits outside the top-k and outside the smallest set with mass >= top_p.
@@ -38,6 +45,27 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
         drop = torch.zeros_like(drop_sorted).scatter(-1, sorted_idx, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def sample_categorical(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One draw per row of the categorical distributions ``probs`` ``[rows, vocab]`` (rows need
+    not sum to 1; zeros are never drawn), by inverse-CDF sampling from one uniform per row:
+
+        C_j = sum_{i <= j} p_i (in float64),  u ~ U[0, 1),  token = min{j : C_j > u * C_V}
+
+    so P(token = j) = p_j / C_V. ``torch.multinomial`` draws one random number per vocabulary
+    entry per row; this draws one per row (the decode loop's largest cost on small models).
+    A token of zero mass (top-k/top-p masked, a -inf logit) has C_j == C_{j-1} exactly (adding
+    0.0 is exact), so ``C_j > u * C_V >= C_{j-1}`` never holds for it; ``u * C_V`` rounded up to
+    ``C_V`` would give ``vocab``, hence the clamp to the last token of nonzero mass (the first j
+    with C_j == C_V).
+    """
+    cdf = probs.to(torch.float64).cumsum(-1)
+    total = cdf[:, -1:].contiguous()  # searchsorted copies a strided query otherwise
+    u = torch.rand(total.shape, generator=gen, dtype=torch.float64, device=probs.device) * total
+    idx = torch.searchsorted(cdf, u, right=True)
+    last = torch.searchsorted(cdf, total)
+    return torch.minimum(idx, last).squeeze(-1)
 
 
 def group_identical(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
@@ -270,6 +298,38 @@ class HFEngine(GenerationEngine):
             cache.batch_select_indices(index)
         return cache
 
+    @staticmethod
+    def _sampling_probs(scaled: torch.Tensor, logp_full: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """The (unnormalised) distribution to draw from: softmax(logits / T) after top-k/top-p.
+        Unfiltered, ``exp(log_softmax)`` reuses the behaviour log-probs instead of a second
+        softmax (the sampler needs no normalised rows)."""
+        if (sampling.top_k is None or not 0 < sampling.top_k < scaled.shape[-1]) and (
+                sampling.top_p is None or sampling.top_p >= 1.0):
+            return logp_full.exp()
+        return torch.softmax(apply_top_k_top_p(scaled, sampling.top_k, sampling.top_p), dim=-1)
+
+    def _prepared_mask(self, cache: Cache, attn: torch.Tensor) -> torch.Tensor | None:
+        """The decode steps' attention mask built once per batch (and again when rows leave), or
+        None to let the model build it from the 2D ``attn`` at every step.
+
+        A decode step's query is the last position, so the causal mask the model would build is
+        the padding mask alone: ``mask[b, 0, 0, j] = attn[b, j]`` (bool, True = attend), which
+        transformers takes as is when given in 4D. That skips its per-step mask construction and
+        gives the attention the same numbers. Only for SDPA over full-attention layers (a sliding
+        window or an eager additive mask needs the model's own); a batch without padding returns
+        an empty tensor, which :meth:`_step_mask` turns into no mask, as the model does."""
+        if getattr(self.model.config, "_attn_implementation", None) != "sdpa" or not all(
+                type(x) in (DynamicLayer, PreallocatedLayer) for x in cache.layers):
+            return None
+        if bool(attn.all()):
+            return attn.new_empty((0,), dtype=torch.bool)
+        return attn.bool()[:, None, None, :]
+
+    @staticmethod
+    def _step_mask(mask4: torch.Tensor, kv_len: int) -> torch.Tensor | None:
+        """The first ``kv_len`` key positions of the prepared mask (None: no padding)."""
+        return mask4[..., :kv_len] if mask4.numel() else None
+
     def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
         dev = self.device
         B = len(prompts)
@@ -288,6 +348,7 @@ class HFEngine(GenerationEngine):
 
         # the last sampled token is never fed back: the cache holds at most max_cap - 1 more
         cache, logits, attn, last_pos = self._prefill(prompts, max(max_cap - 1, 0))
+        mask4 = self._prepared_mask(cache, attn)
         for step in range(max_cap):
             scaled = logits.float()
             if T not in (0.0, 1.0):
@@ -296,9 +357,7 @@ class HFEngine(GenerationEngine):
             if T == 0.0:  # greedy: the argmax (first on ties), no draw; log-probs at T = 1
                 nxt = scaled.argmax(dim=-1)
             else:
-                filt = apply_top_k_top_p(scaled, sampling.top_k, sampling.top_p)
-                probs = torch.softmax(filt, dim=-1)
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+                nxt = sample_categorical(self._sampling_probs(scaled, logp_full, sampling), gen)
             lp = logp_full.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt_l, lp_l, rows_l = nxt.tolist(), lp.tolist(), rows.tolist()
             for t, l, r in zip(nxt_l, lp_l, rows_l):
@@ -322,10 +381,13 @@ class HFEngine(GenerationEngine):
             if keep.numel() < rows.numel():
                 cache.batch_select_indices(keep)
                 rows, nxt, attn, last_pos = rows[keep], nxt[keep], attn[keep], last_pos[keep]
+                if mask4 is not None:
+                    mask4 = self._prepared_mask(cache, attn)
             last_pos = last_pos + 1
+            kv_len = cache.get_seq_length() + 1  # the cached positions and this one
             out = self.model(
                 input_ids=nxt.unsqueeze(-1),
-                attention_mask=attn[:, : cache.get_seq_length() + 1],  # the cached positions and this one
+                attention_mask=attn[:, :kv_len] if mask4 is None else self._step_mask(mask4, kv_len),
                 position_ids=last_pos.unsqueeze(-1),
                 past_key_values=cache,
                 use_cache=True,

@@ -1,0 +1,183 @@
+"""Refuse a run whose actors can never start on the Ray cluster (docs/design.md "Fault tolerance").
+
+Ray queues an actor whose CPUs or GPUs the cluster does not have, and RLlib waits for it without a
+word: two FSDP learners and a runner on ``ray.init(num_cpus=2)`` sat for minutes without a first
+iteration. ``GRPO.setup`` calls :func:`check_cluster_fits` before any actor starts; it compares
+what the config's actors ask for (:func:`resource_demands`) with the cluster's totals
+(``ray.cluster_resources()``) and raises, naming the knobs and the fix, when they cannot fit:
+
+* env runners: ``num_env_runners`` x (``num_cpus_per_env_runner``, ``num_gpus_per_env_runner``,
+  ``custom_resources_per_env_runner``); ``num_env_runners=0`` samples in the driver, no actor;
+* learners: ``num_learners`` x (``num_cpus_per_learner``, "auto" = 1 CPU without a GPU, else 0;
+  ``num_gpus_per_learner``; ``custom_resources_per_learner``); ``num_learners=0`` trains in the
+  driver, no actor. Colocated mode needs no rule of its own: ``validate()`` already split each
+  shared GPU (0.49 learner + 0.51 runner = 1 GPU per pair, env_runners/placement.py);
+* every single actor must also fit on one node (a vLLM runner with ``tensor_parallel_size=4``
+  needs 4 GPUs on one machine).
+
+Not counted: the driver (``num_cpus_for_main_process``). Outside Tune it is a plain process, not
+a Ray actor, and holds no Ray CPU. Under Tune it is the trial's actor, and the trial's placement
+group (``GRPO.default_resource_request``: driver + runners + learners, the same config) was
+reserved before ``setup`` ran, so the actors fit by construction: the check is skipped there
+(Tune itself reports a trial whose placement group never fits). A cluster with an autoscaler may
+grow into the demand: there the check only warns.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+__all__ = ["ActorDemand", "resource_demands", "check_resources", "check_cluster_fits", "learner_cpus"]
+
+_EPS = 1e-9  # fractional GPU shares (0.49 + 0.51) must not fail on rounding
+
+
+@dataclass(frozen=True)
+class ActorDemand:
+    """``count`` actors of one kind, each asking for ``per_actor`` (resource -> amount)."""
+
+    kind: str  # "env runner" | "learner"
+    count: int
+    per_actor: Mapping[str, float]
+    knobs: Mapping[str, str]  # resource -> the knob that sets it, e.g. "CPU" -> "num_cpus_per_learner"
+    count_knob: str
+
+    def total(self, resource: str) -> float:
+        return self.count * float(self.per_actor.get(resource, 0) or 0)
+
+    def describe(self, resource: str) -> str:
+        """e.g. ``num_learners=2 x num_cpus_per_learner=1``."""
+        knob = self.knobs.get(resource, f"custom resources of each {self.kind}")
+        return f"{self.count_knob}={self.count} x {knob}={_g(self.per_actor.get(resource, 0))}"
+
+
+def _g(x: Any) -> str:
+    return f"{float(x or 0):g}"
+
+
+def learner_cpus(config: Any) -> float:
+    """``num_cpus_per_learner`` as RLlib's LearnerGroup resolves it ("auto": 1 without a GPU, else 0)."""
+    cpus = getattr(config, "num_cpus_per_learner", "auto")
+    if cpus == "auto":
+        return 1.0 if not (config.num_gpus_per_learner or 0) else 0.0
+    return float(cpus or 0)
+
+
+def resource_demands(config: Any) -> list[ActorDemand]:
+    """The remote actors ``config`` makes ``Algorithm.setup`` start, with what each asks Ray for."""
+    out = []
+    runners = int(config.num_env_runners or 0)
+    if runners > 0:
+        per = {"CPU": float(config.num_cpus_per_env_runner or 0), "GPU": float(config.num_gpus_per_env_runner or 0),
+               **{k: float(v) for k, v in (config.custom_resources_per_env_runner or {}).items()}}
+        out.append(ActorDemand("env runner", runners, per,
+                               {"CPU": "num_cpus_per_env_runner", "GPU": "num_gpus_per_env_runner"},
+                               "num_env_runners"))
+    learners = int(config.num_learners or 0)
+    if learners > 0:
+        per = {"CPU": learner_cpus(config), "GPU": float(max(0, config.num_gpus_per_learner or 0)),
+               **{k: float(v) for k, v in (config.custom_resources_per_learner or {}).items()}}
+        out.append(ActorDemand("learner", learners, per,
+                               {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}, "num_learners"))
+    return out
+
+
+def _fix(resource: str) -> str:
+    if resource == "CPU":
+        return ("lower num_env_runners / num_learners or their CPUs (.env_runners(num_cpus_per_env_runner=...), "
+                ".learners(num_cpus_per_learner=...)), or start Ray with more (ray.init(num_cpus=...))")
+    if resource == "GPU":
+        return ("lower num_env_runners / num_learners or their GPUs (.env_runners(num_gpus_per_env_runner=...), "
+                ".learners(num_gpus_per_learner=...); .resources(colocate=True) shares one GPU between a learner "
+                "and an engine), or run on a cluster with more GPUs")
+    return f"lower the custom resource {resource!r} the actors ask for, or add it to the cluster"
+
+
+def check_resources(config: Any, cluster: Mapping[str, float],
+                    nodes: Sequence[Mapping[str, float]] | None = None) -> str | None:
+    """Why the actors of ``config`` can never all start on a cluster with ``cluster`` totals (and,
+    when given, the per-node totals ``nodes``), naming the knobs and the fix; None when they fit."""
+    demands = resource_demands(config)
+    problems = []
+    for res in sorted({r for d in demands for r, v in d.per_actor.items() if v}):
+        need = sum(d.total(res) for d in demands)
+        have = float(cluster.get(res, 0) or 0)
+        if need > have + _EPS:
+            parts = " + ".join(d.describe(res) for d in demands if d.total(res))
+            problems.append(f"{_g(need)} {res} ({parts}) but the Ray cluster has {_g(have)}: {_fix(res)}")
+    for d in demands if nodes else ():
+        for res, v in d.per_actor.items():
+            biggest = max(float(n.get(res, 0) or 0) for n in nodes)
+            if v and v > biggest + _EPS:
+                problems.append(f"each {d.kind} needs {_g(v)} {res} on one node ({d.knobs.get(res, res)}) but the "
+                                f"largest node has {_g(biggest)}: {_fix(res)}")
+    if not problems:
+        return None
+    return ("the actors of this config can never all start, so the run would wait for them forever: it needs "
+            + "; and ".join(problems) + ".")
+
+
+# ---------------------------------------------------------------------- the Ray side
+def _in_placement_group() -> bool:
+    """Inside a Tune trial (an actor of the trial's placement group)."""
+    import ray.util
+
+    return ray.util.get_current_placement_group() is not None
+
+
+def _can_autoscale() -> bool:
+    """Whether the cluster may add nodes (best effort). A Ray instance this process started
+    (``ray.init()`` without an address) has no autoscaler; for a cluster it joined: the cluster
+    launcher's bootstrap config (what Tune checks), autoscaler v2's flag in the GCS, or an
+    autoscaler v1 report with configured node types (a cluster without an autoscaler reports only
+    anonymous ``node_<id>`` types). When the private APIs this reads moved: assume it can (warn,
+    never refuse a run that cannot be judged)."""
+    try:
+        import ray
+        from ray._private import worker
+
+        node = worker._global_node
+        if node is not None and node.head:  # started here by ray.init()
+            return False
+        if Path("~/ray_bootstrap_config.yaml").expanduser().exists():
+            return True
+        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+        from ray.experimental.internal_kv import _internal_kv_get, internal_kv_get_gcs_client
+
+        v2 = internal_kv_get_gcs_client().internal_kv_get(
+            ray._raylet.GCS_AUTOSCALER_V2_ENABLED_KEY.encode(),
+            namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
+        if v2 == b"1":
+            return True
+        status = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+        if status is None:  # no autoscaler monitor at all
+            return False
+        types = (json.loads(status).get("autoscaler_report") or {}).get("node_type_mapping") or {}
+        return any(not str(t).startswith("node_") for t in types.values())
+    except Exception:
+        return True
+
+
+def _node_totals() -> list[dict[str, float]]:
+    import ray
+
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def check_cluster_fits(config: Any) -> None:
+    """``GRPO.setup``'s check, before any actor starts (see the module doc): raises ValueError when
+    the config's actors cannot fit the running Ray cluster; only warns when it can autoscale."""
+    import ray
+
+    if not ray.is_initialized() or _in_placement_group():
+        return
+    why = check_resources(config, ray.cluster_resources(), _node_totals())
+    if why is None:
+        return
+    if _can_autoscale():
+        logging.getLogger(__name__).warning("%s The cluster has an autoscaler: waiting for it to add nodes.", why)
+        return
+    raise ValueError(why)
