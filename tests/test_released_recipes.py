@@ -72,6 +72,19 @@ def test_rows_reach_the_built_config(spec, config):
                 assert rt.same(list(got) if isinstance(got, tuple) else got, value), (key, got, value)
 
 
+def test_text_game_recipe_is_drbot_gigpo_spear():
+    """The text-game recipe follows the released GiGPO script (SPEAR's strongest ALFWorld row),
+    not the GRPO one: the estimator and its knobs reach the built config, and every row read from
+    an ALFWorld script cites the GiGPO one."""
+    spec = next(s for s in SPECS if s["recipe"] == "spear_qwen2.5_1.5b_text_game")
+    cfg = build_config(load_experiment(str(ROOT / spec["configs"][0])))
+    assert type(cfg).__name__ == "SPEARConfig"
+    assert (cfg.advantage_estimator, cfg.gigpo_gamma, cfg.gigpo_step_weight, cfg.gigpo_mode) == (
+        "gigpo", 0.95, 1.0, "mean_std_norm")
+    scripts = {r["source"] for r in spec["rows"] if r["source"].endswith("run_alfworld_spear.sh")}
+    assert scripts == {"TencentYoutuResearch/SPEAR@7e84315:verl-agent/examples/gigpo_trainer/run_alfworld_spear.sh"}
+
+
 def test_docs_are_what_the_generator_writes():
     doc = rt.DOCS.read_text()
     assert rt.with_tables(doc, rt.render_tables(SPECS)) == doc, "run: python scripts/released_table.py"
