@@ -6,6 +6,8 @@ the embedded tasks, from the same cold-start checkpoint, through the public API
                                                     # ablations and SPADER vs GRPO 1 seed each
     python benchmarks/learning_curves.py --quick    # 1 seed, main variants, 40 iterations (< 10 min)
     python benchmarks/learning_curves.py --variants SPEAR,SPEAR-noSIL --seeds 3   # a subset
+    python benchmarks/learning_curves.py --suite text_game   # GRPO vs GiGPO vs Dr.BoT(GiGPO)+SPEAR
+                                                    # on the embedded text game, 3 seeds
 
 Writes to --out (default benchmarks/out/learning_curves):
   runs.csv      per-iteration metrics of every run (algorithm, variant, seed, iteration, ...)
@@ -31,6 +33,9 @@ PAPER_NOTES = {
     "SPEAR": "ALFWorld 88.9 / WebShop 77.5 (GRPO+SPEAR); 93.2 / 81.1 (Dr.BoT(GiGPO)+SPEAR)",
     "SPADER": "QAMPARI recall/F1 above outcome-reward GRPO (SPADER paper)",
     "GRPO-multi": "the SPADER paper's outcome-reward baseline",
+    "GRPO-game": "ALFWorld 72.8 (GRPO, Qwen2.5-1.5B, SPEAR paper)",
+    "GiGPO-game": "ALFWorld 86.1 (GiGPO, Qwen2.5-1.5B, SPEAR README)",
+    "SPEAR-GiGPO-game": "ALFWorld 93.2 (Dr.BoT(GiGPO)+SPEAR, 1.5B)",
 }
 
 # variant name -> (registered algorithm, training() overrides)
@@ -50,6 +55,20 @@ MULTI = {
     "GRPO-multi": ("GRPO-LLM", {}),
     "SPADER": ("SPADER", {}),
 }
+# the text game (the stand-in of ALFWorld): outcome GRPO, GiGPO on the same GRPO algorithm (only the
+# estimator changes), and SPEAR (Dr.BoT tricks + SIL + tool bonus) on GiGPO as in the released
+# ALFWorld script (configs/spear_qwen2.5_1.5b_text_game.yaml)
+TEXT_GAME = {
+    "GRPO-game": ("GRPO-LLM", {}),
+    "GiGPO-game": ("GRPO-LLM", {"advantage_estimator": "gigpo"}),
+    "SPEAR-GiGPO-game": ("SPEAR", {"advantage_estimator": "gigpo"}),
+}
+#: the suites of ``--suite``: main = the search benchmark (main variants, ablations, multi-answer)
+SUITES = ("main", "text_game")
+#: turns of a text-game episode: the scripted solutions of the embedded train games take 3 to 8
+TEXT_GAME_MAX_TURNS = 8
+#: per task, the baseline whose final success the table's "iterations to reach" column targets
+REACH_BASELINE = {"search_qa": ("DrBoT", "Dr.BoT"), "text_game": ("GRPO-game", "GRPO")}
 
 METRICS = {
     "success": "env_runners/success_rate",
@@ -64,21 +83,41 @@ METRICS = {
 }
 
 
+def max_turns_of(env: str, args) -> int:
+    """Turns per episode: ``--max-turns``, else 3 (search) or ``TEXT_GAME_MAX_TURNS``."""
+    if args.max_turns is not None:
+        return args.max_turns
+    return TEXT_GAME_MAX_TURNS if env == "text_game" else 3
+
+
+def token_budgets(env: str, turns: int) -> tuple[int, int, int]:
+    """(max_model_len, max_response_tokens, max_new_tokens) of an episode of ``env``."""
+    if env == "search_qa":
+        return 768, 384, 48
+    if env == "text_game":
+        # a turn is <= 53 tokens in the demonstrations, an observation (feedback and the
+        # admissible actions) <= ~180: 8 turns hold a scripted solution (<= 8 steps); the
+        # embedded policy's positions stop at 2048
+        response = min(256 * turns, 1792)
+        return response + 256, response, 64
+    # a multi-answer episode: up to turns - 1 searches (~125 tokens each), then a list of up to
+    # 8 entities in one turn (up to ~51 tokens in the demonstrations): 512 tokens at 3 turns
+    response = 128 * (turns - 1) + 256
+    return response + 512, response, 64
+
+
 def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args) -> Any:
     from rllib_spear.coldstart import task_policy_env_config
     from rllib_spear.registration import algorithm_classes
 
     cfg = algorithm_classes()[algo].get_default_config()
+    turns = max_turns_of(env, args)
     # multi-answer search with the call format its cold start was trained on (<search>, 3 passages)
     env_config = {} if env == "search_qa" else task_policy_env_config(env)
-    cfg.environment(env, env_config={**env_config, "max_turns": args.max_turns})
-    # a multi-answer episode: up to max_turns - 1 searches (~125 tokens each), then a list of up to
-    # 8 entities in one turn (up to ~51 tokens in the demonstrations): 512 tokens at 3 turns
-    multi_response = 128 * (args.max_turns - 1) + 256
-    max_model_len, max_response, max_new = ((768, 384, 48) if env == "search_qa"
-                                            else (multi_response + 512, multi_response, 64))
+    cfg.environment(env, env_config={**env_config, "max_turns": turns})
+    max_model_len, max_response, max_new = token_budgets(env, turns)
     cfg.env_runners(num_env_runners=1, engine="hf", temperature=1.0, max_new_tokens=max_new,
-                    max_turns=args.max_turns, max_model_len=max_model_len, max_response_tokens=max_response)
+                    max_turns=turns, max_model_len=max_model_len, max_response_tokens=max_response)
     train = {"group_size": args.group_size, "tasks_per_iteration": args.tasks, "lr": args.lr,
              # schedules scaled to the short run (the papers use 200 steps)
              "tool_reward_steps": max(args.iterations // 2, 1),
@@ -91,7 +130,8 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
     train = {k: v for k, v in train.items() if k in own or k in ("lr",)}
     train.update(overrides)
     cfg.training(**train)
-    model = args.model_path if env == "search_qa" else args.multi_model_path
+    # the cold start of the task (read lazily: real_model_learning.py's args name only its own)
+    model = getattr(args, {"search_qa": "model_path", "text_game": "game_model_path"}.get(env, "multi_model_path"))
     cfg.rl_module(model_config={"model_path": model})
     cfg.debugging(seed=seed)
     cfg.validate()
@@ -188,7 +228,8 @@ def write_outputs(df, out: Path, wall_s: float, args, checks=None) -> str:
     panels = []
     for title, names in (("search_qa: GRPO vs Dr.BoT vs SPEAR", list(MAIN)),
                          ("search_qa: SPEAR ablations (seed 0)", ["SPEAR", *ABLATIONS]),
-                         ("multi_answer_search", list(MULTI))):
+                         ("multi_answer_search", list(MULTI)),
+                         ("text_game: GRPO vs GiGPO vs Dr.BoT(GiGPO)+SPEAR", list(TEXT_GAME))):
         sub = df[df.variant.isin(names)]
         if title.endswith("(seed 0)"):
             if not set(sub.variant) & set(ABLATIONS):
@@ -200,7 +241,9 @@ def write_outputs(df, out: Path, wall_s: float, args, checks=None) -> str:
     fig, axes = plt.subplots(len(panels), 2, figsize=(11, 4 * len(panels)), squeeze=False)
     for i, (title, sub) in enumerate(panels):
         metric = "f1" if sub.env.iloc[0] == "multi_answer_search" else "success"
-        for j, m in enumerate((metric, "tool_call_rate")):
+        # every text-game step is a tool call (rate 1): its return shows the invalid actions instead
+        second = "reward" if sub.env.iloc[0] == "text_game" else "tool_call_rate"
+        for j, m in enumerate((metric, second)):
             ax = axes[i][j]
             for v, g in sub.groupby("variant", sort=False):
                 # rolling mean per seed: one iteration's 64 episodes are +-0.05 noise
@@ -225,18 +268,17 @@ def write_outputs(df, out: Path, wall_s: float, args, checks=None) -> str:
     lines = [f"{args.iterations} iterations of {args.tasks} tasks x {args.group_size} samples, lr {args.lr}; "
              f"final = mean of the last {args.final_window} iterations per seed, then mean +- std over "
              f"seeds; wall time {wall_s / 60:.1f} min on {args.cpus} CPUs.", "",
-             "| variant | task | seeds | final success / F1 | iterations to reach Dr.BoT's final (seeds that do) | paper (reference) |",
+             f"| variant | task | seeds | final success / F1 | {_reach_header(set(df.env))} | paper (reference) |",
              "|---|---|---|---|---|---|"]
-    search = df[df.env == "search_qa"]
-    target = (final_value(search, "DrBoT", "success", args.final_window)[0]
-              if "DrBoT" in set(search.variant) else float("nan"))
+    targets = reach_targets(df, args.final_window)
+    target = targets.get("search_qa", float("nan"))
     for v in dict.fromkeys(df.variant):
         sub = df[df.variant == v]
         env = sub.env.iloc[0]
         metric = "f1" if env == "multi_answer_search" else "success"
         mean, std, _ = final_value(df, v, metric, args.final_window)
-        reach = (_reach_text(*iterations_to_reach(df, v, metric, target))
-                 if env == "search_qa" and not np.isnan(target) else "-")
+        reach = (_reach_text(*iterations_to_reach(df, v, metric, targets[env]))
+                 if not np.isnan(targets.get(env, float("nan"))) else "-")
         algo = sub.algorithm.iloc[0]
         seeds_v = ",".join(str(x) for x in sorted(set(sub.seed)))
         lines.append(f"| {v} | {env} | {seeds_v} | {mean:.3f} +- {std:.3f} | "
@@ -249,27 +291,77 @@ def write_outputs(df, out: Path, wall_s: float, args, checks=None) -> str:
     title, found = (checks or _learning_checks)(df, target, args.final_window)
     if found:
         lines += ["", title, ""] + [f"- {c}" for c in found]
+    game = text_game_comparisons(df, args.final_window)
+    if game:
+        # success alone hides the learning of a policy that never wins: the return counts the
+        # invalid actions (-0.1 each), the entropy and length show the policy moving
+        lines += ["", "Text game, final values (reward: episode return, +10 on a win, -0.1 per invalid action):", ""]
+        lines += final_table(df, "text_game", ("success", "reward", "entropy", "response_length"), args.final_window)
+        lines += ["", "Text game (the papers' order on ALFWorld: Dr.BoT(GiGPO)+SPEAR > GiGPO > GRPO):", ""]
+        lines += [f"- {c}" for c in game]
     table = "\n".join(lines)
     (out / "table.md").write_text(table + "\n")
     return table
 
 
-def multi_answer_table(df, window: int) -> list[str]:
-    """Markdown rows: final F1, recall, precision and searches per episode (mean +- std over seeds)
-    of every multi-answer variant; empty without multi-answer runs."""
-    multi = df[df.env == "multi_answer_search"]
-    if multi.empty:
+def reach_targets(df, window: int) -> dict[str, float]:
+    """Per task of ``REACH_BASELINE`` that ran its baseline: the baseline's final success."""
+    out = {}
+    for env, (variant, _) in REACH_BASELINE.items():
+        sub = df[df.env == env]
+        if variant in set(sub.variant):
+            out[env] = final_value(sub, variant, "success", window)[0]
+    return out
+
+
+def _reach_header(envs: set[str]) -> str:
+    """The "iterations to reach" column's header: the baselines of the tasks in the table."""
+    names = [label for env, (_, label) in REACH_BASELINE.items() if env in envs] or ["Dr.BoT"]
+    return f"iterations to reach {' / '.join(names)}'s final (seeds that do)"
+
+
+def gap_line(df, better: str, worse: str, window: int) -> str:
+    """"<better> final x vs <worse> y: +z points (order held / not held)" on success."""
+    a = final_value(df, better, "success", window)[0]
+    b = final_value(df, worse, "success", window)[0]
+    gap = 100 * (a - b)
+    return f"{better} final {a:.3f} vs {worse} {b:.3f}: {gap:+.1f} points ({'held' if gap > 0 else 'not held'})"
+
+
+def text_game_comparisons(df, window: int) -> list[str]:
+    """The text-game suite's comparisons, in the papers' order (measured, not asserted: the
+    embedded game and model are not ALFWorld and Qwen2.5-1.5B); empty without text-game runs."""
+    game = df[df.env == "text_game"]
+    have = [v for v in TEXT_GAME if v in set(game.variant)]
+    if not have:
         return []
-    cols = [c for c in ("f1", "recall", "precision", "tool_calls") if c in multi.columns]
+    out = [gap_line(game, better, worse, window) for better, worse in
+           (("GiGPO-game", "GRPO-game"), ("SPEAR-GiGPO-game", "GiGPO-game"), ("SPEAR-GiGPO-game", "GRPO-game"))
+           if better in have and worse in have]
+    return out + [seeds_check(game, have, 3)]
+
+
+def final_table(df, env: str, metrics: tuple[str, ...], window: int) -> list[str]:
+    """Markdown rows: the final value (mean +- std over seeds) of each of ``metrics`` for every
+    variant run on ``env``; empty without runs there."""
+    sub = df[df.env == env]
+    if sub.empty:
+        return []
+    cols = [c for c in metrics if c in sub.columns]
     rows = ["| variant | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
-    for v in dict.fromkeys(multi.variant):
-        seeds_v = ",".join(str(x) for x in sorted(set(multi[multi.variant == v].seed)))
+    for v in dict.fromkeys(sub.variant):
+        seeds_v = ",".join(str(x) for x in sorted(set(sub[sub.variant == v].seed)))
         cells = []
         for c in cols:
-            mean, std, _ = final_value(multi, v, c, window)
+            mean, std, _ = final_value(sub, v, c, window)
             cells.append(f"{mean:.3f} +- {std:.3f}")
         rows.append(f"| {v} | {seeds_v} | " + " | ".join(cells) + " |")
     return rows
+
+
+def multi_answer_table(df, window: int) -> list[str]:
+    """Final F1, recall, precision and searches per episode of every multi-answer variant."""
+    return final_table(df, "multi_answer_search", ("f1", "recall", "precision", "tool_calls"), window)
 
 
 def block_table(df, blocks: int = 6) -> list[str]:
@@ -334,6 +426,15 @@ def must_show_checks(df, target: float, window: int) -> list[str]:
     return out
 
 
+def run_order(plan: list[tuple], seed_major: bool = False) -> list[tuple]:
+    """(name, algorithm, overrides, env, seeds) runs of ``plan`` (entries ending in a seed count):
+    every seed of a variant in turn, or with ``seed_major`` one seed of every variant per round."""
+    if not seed_major:
+        return [(*entry[:-1], list(range(entry[-1]))) for entry in plan]
+    rounds = max((entry[-1] for entry in plan), default=0)
+    return [(*entry[:-1], [seed]) for seed in range(rounds) for entry in plan if seed < entry[-1]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, 40 iterations, main variants only (< 10 min)")
@@ -344,17 +445,28 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--lr", type=float, default=3e-4)
-    ap.add_argument("--max-turns", type=int, default=3)
+    ap.add_argument("--max-turns", type=int, default=None,
+                    help=f"turns per episode (default 3; text_game {TEXT_GAME_MAX_TURNS})")
     ap.add_argument("--sil-capacity", type=int, default=8)
     ap.add_argument("--final-window", type=int, default=10, help="iterations averaged for 'final'")
+    ap.add_argument("--progress-every", type=int, default=10, help="print a progress line every N iterations")
+    ap.add_argument("--seed-major", action="store_true",
+                    help="run seed 0 of every variant, then seed 1, ... (a run cut short keeps every variant)")
     ap.add_argument("--cpus", type=int, default=2)
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-multi", action="store_true", help="skip SPADER vs GRPO on multi-answer search")
-    ap.add_argument("--variants", default="", help="comma-separated subset of " + ",".join([*MAIN, *ABLATIONS, *MULTI]))
+    ap.add_argument("--suite", choices=SUITES, default="main",
+                    help="main: the search benchmark; text_game: GRPO vs GiGPO vs Dr.BoT(GiGPO)+SPEAR on the "
+                         "embedded text game (--seeds seeds each)")
+    ap.add_argument("--variants", default="",
+                    help="comma-separated subset of " + ",".join([*MAIN, *ABLATIONS, *MULTI, *TEXT_GAME]))
     ap.add_argument("--model-path", default="embedded", help="cold start of the search_qa runs")
     ap.add_argument("--multi-model-path", default="embedded:multi_answer_search",
                     help="cold start of the multi-answer runs (default: the embedded policy after a "
                          "multi-answer reading stage and demonstrations; the search_qa policy never lists entities)")
+    ap.add_argument("--game-model-path", default="embedded:text_game",
+                    help="cold start of the text-game runs (default: the embedded policy after the text game's "
+                         "demonstrations; the search_qa policy never writes an <action>)")
     ap.add_argument("--out", default="benchmarks/out/learning_curves")
     ap.add_argument("--replot", action="store_true",
                     help="no training: rewrite the plots and table.md from --out/runs.csv (and meta.json)")
@@ -364,9 +476,11 @@ def main() -> None:
     if args.quick:
         args.seeds, args.iterations, args.no_ablations, args.no_multi = 1, 40, True, True
     # name -> (algorithm, overrides, env, seeds) of every variant, in the default order
-    groups = [(MAIN, "search_qa", args.seeds, True),
-              (ABLATIONS, "search_qa", args.ablation_seeds, not args.no_ablations),
-              (MULTI, "multi_answer_search", args.multi_seeds, not args.no_multi)]
+    main_suite = args.suite == "main"
+    groups = [(MAIN, "search_qa", args.seeds, main_suite),
+              (ABLATIONS, "search_qa", args.ablation_seeds, main_suite and not args.no_ablations),
+              (MULTI, "multi_answer_search", args.multi_seeds, main_suite and not args.no_multi),
+              (TEXT_GAME, "text_game", args.seeds, args.suite == "text_game")]
     catalog = {n: (a, o, env, seeds) for variants, env, seeds, _ in groups for n, (a, o) in variants.items()}
     if args.variants:
         wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -387,14 +501,18 @@ def main() -> None:
     from rllib_spear.coldstart import resolve_model_path
 
     # the same cold-start checkpoint for every run of a task (built once here, not per trial)
-    args.model_path = resolve_model_path(args.model_path)
-    if any(env != "search_qa" for *_, env, _ in plan):
+    envs = {env for *_, env, _ in plan}
+    if "search_qa" in envs:
+        args.model_path = resolve_model_path(args.model_path)
+    if "multi_answer_search" in envs:
         args.multi_model_path = resolve_model_path(args.multi_model_path)
+    if "text_game" in envs:
+        args.game_model_path = resolve_model_path(args.game_model_path)
     ray.init(num_cpus=args.cpus, include_dashboard=False, ignore_reinit_error=True)
     t0 = time.time()
     rows: list[dict] = []
-    for name, algo, over, env, n_seeds in plan:
-        rows += run_variant(name, algo, over, env, list(range(n_seeds)), args)
+    for name, algo, over, env, seeds in run_order(plan, args.seed_major):
+        rows += run_variant(name, algo, over, env, seeds, args)
         pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
     wall_s = time.time() - t0
     (out / "meta.json").write_text(json.dumps({"wall_s": wall_s, "args": vars(args)}, indent=1))

@@ -83,3 +83,42 @@ def test_multi_answer_table_reports_final_f1_recall_and_searches():
     assert table[3].startswith("| SPADER | 0 | 0.200 +- 0.000 | 0.500 +- 0.000 |")
     assert len(table) == 4  # the search_qa run is not in it
     assert lc.multi_answer_table(pd.DataFrame(rows[-1:]), window=2) == []
+
+
+def _game_runs(curves: dict[str, list[list[float]]]) -> pd.DataFrame:
+    df = _runs(curves)
+    df["env"] = "text_game"
+    return df
+
+
+def test_text_game_comparisons_follow_the_papers_order():
+    df = _game_runs({"GRPO-game": [[0.1] * 4] * 3, "GiGPO-game": [[0.2] * 4] * 3,
+                     "SPEAR-GiGPO-game": [[0.15] * 4] * 3})
+    assert lc.text_game_comparisons(df, 2) == [
+        "GiGPO-game final 0.200 vs GRPO-game 0.100: +10.0 points (held)",
+        "SPEAR-GiGPO-game final 0.150 vs GiGPO-game 0.200: -5.0 points (not held)",
+        "SPEAR-GiGPO-game final 0.150 vs GRPO-game 0.100: +5.0 points (held)",
+        "seeds per method: GRPO-game 3, GiGPO-game 3, SPEAR-GiGPO-game 3 (PASS)",
+    ]
+    assert lc.text_game_comparisons(_runs({"GRPO": [[0.1] * 4]}), 2) == []
+
+
+def test_reach_targets_are_per_task_baselines():
+    df = pd.concat([_runs({"DrBoT": [[0.2] * 4]}), _game_runs({"GRPO-game": [[0.4] * 4]})])
+    assert lc.reach_targets(df, 2) == {"search_qa": 0.2, "text_game": 0.4}
+    assert lc._reach_header({"text_game"}) == "iterations to reach GRPO's final (seeds that do)"
+    assert lc._reach_header({"search_qa"}) == "iterations to reach Dr.BoT's final (seeds that do)"
+
+
+def test_text_game_suite_variants_and_budgets():
+    assert lc.TEXT_GAME["GiGPO-game"] == ("GRPO-LLM", {"advantage_estimator": "gigpo"})
+    assert lc.TEXT_GAME["SPEAR-GiGPO-game"] == ("SPEAR", {"advantage_estimator": "gigpo"})
+    max_model_len, response, per_turn = lc.token_budgets("text_game", lc.TEXT_GAME_MAX_TURNS)
+    assert max_model_len <= 2048 and response + 256 == max_model_len and per_turn == 64  # embedded positions
+    assert lc.token_budgets("search_qa", 3) == (768, 384, 48)
+
+
+def test_run_order_by_variant_or_by_seed():
+    plan = [("A", "GRPO-LLM", {}, "text_game", 2), ("B", "SPEAR", {}, "text_game", 1)]
+    assert lc.run_order(plan) == [("A", "GRPO-LLM", {}, "text_game", [0, 1]), ("B", "SPEAR", {}, "text_game", [0])]
+    assert [(r[0], r[-1]) for r in lc.run_order(plan, seed_major=True)] == [("A", [0]), ("B", [0]), ("A", [1])]
