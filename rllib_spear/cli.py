@@ -304,19 +304,29 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked_checkpoint(arg: str) -> str:
+    """The checkpoint ``arg`` names (a trial or experiment folder: its latest), checked against
+    its manifest before anything loads it; a missing, truncated or corrupted file is a CLIError
+    naming it (no traceback)."""
+    from rllib_spear.checkpoint_io import CorruptCheckpointError, verify_checkpoint
+    from rllib_spear.checkpoint_paths import resolve_checkpoint
+
+    try:
+        checkpoint = str(resolve_checkpoint(arg))
+        verify_checkpoint(checkpoint)
+    except (FileNotFoundError, CorruptCheckpointError) as e:
+        raise CLIError(str(e)) from None
+    if os.path.abspath(checkpoint) != os.path.abspath(arg):
+        print(f"checkpoint: {checkpoint}")
+    return checkpoint
+
+
 def _eval(args: argparse.Namespace) -> int:
     """Evaluate a checkpoint (``GRPO.evaluate_tasks``): a per-benchmark table on stdout (rows =
     ``data_source``, then the unweighted average; columns = the metrics) and, with ``--json``,
     the settings and every metric in a file. Unset options take the checkpoint's
     ``evaluation()`` settings."""
-    from rllib_spear.checkpoint_paths import resolve_checkpoint
-
-    try:  # a trial or experiment folder means its latest checkpoint
-        checkpoint = str(resolve_checkpoint(args.checkpoint))
-    except FileNotFoundError as e:
-        raise CLIError(str(e)) from None
-    if os.path.abspath(checkpoint) != os.path.abspath(args.checkpoint):
-        print(f"checkpoint: {checkpoint}")
+    checkpoint = _checked_checkpoint(args.checkpoint)  # a trial or experiment folder: its latest
     import ray
 
     _load_plugin()
@@ -377,11 +387,10 @@ def format_source_table(metrics: dict[str, float]) -> str:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rllib_spear.checkpoint_paths import resolve_checkpoint
     from rllib_spear.export import export_checkpoint
 
+    checkpoint = _checked_checkpoint(args.checkpoint)
     try:
-        checkpoint = resolve_checkpoint(args.checkpoint)
         out = export_checkpoint(checkpoint, args.out, module_id=args.module_id, dtype=args.dtype)
     except (FileNotFoundError, KeyError) as e:
         raise CLIError(str(e.args[0] if e.args else e)) from None

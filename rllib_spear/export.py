@@ -73,12 +73,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, *, module_id: str
         module_id: the RLModule to export.
         dtype: "bfloat16" / "float16" / "float32" for the saved weights (default: the module's
             master dtype, usually float32).
+
+    Raises ``checkpoint_io.CorruptCheckpointError`` naming the file when the checkpoint's
+    manifest says a file is missing, truncated or corrupted.
     """
     import torch
 
+    from .checkpoint_io import verify_checkpoint
     from .models.dtypes import torch_dtype
 
     checkpoint, out = Path(checkpoint).absolute(), Path(out)
+    verify_checkpoint(checkpoint)  # a truncated or corrupted file is refused by name, before any read
     learner_dir = _learner_dir(checkpoint)
     spec = _module_spec(learner_dir, module_id)
     spec.inference_only = False  # the full (PEFT) module, so adapters load before the merge

@@ -131,3 +131,27 @@ def test_readme_prompting_example_runs(tiny_model, tmp_path, monkeypatch):
     assert scope["messages"][0] == {"role": "system", "content": scope["meta"]["system_prompt"]}
     assert scope["messages"][1]["content"] == "Question: Which river flows through Veloria?"
     assert scope["out"].shape[1] > scope["inputs"]["input_ids"].shape[1]
+
+
+def test_a_corrupted_checkpoint_is_refused_naming_the_file(tiny_model, tmp_path, capsys):
+    """A checkpoint with a manifest (every save writes one, rllib_spear/checkpoint_io.py) whose
+    weights file was cut short: the library raises naming the file; ``rllib-spear export`` and
+    ``rllib-spear eval`` print that alone, with exit status 2 and no traceback."""
+    from rllib_spear.checkpoint_io import CorruptCheckpointError, write_manifest
+    from rllib_spear.cli import main
+
+    ckpt = tmp_path / "ckpt"
+    _write_checkpoint(ckpt, tiny_model)
+    write_manifest(ckpt)
+    (weights,) = [p for p in ckpt.rglob("*") if p.is_file() and p.parent.name == "default_policy"
+                  and p.stat().st_size > 1000]
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    rel = weights.relative_to(ckpt).as_posix()
+    with pytest.raises(CorruptCheckpointError, match=rel):
+        export_checkpoint(ckpt, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    for argv in (["export", str(ckpt), str(tmp_path / "hf")], ["eval", str(ckpt)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert rel in err and "Traceback" not in err, err

@@ -163,7 +163,8 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         if tool_timeout_s is not None and (isinstance(tool_timeout_s, bool) or not isinstance(
                 tool_timeout_s, (int, float)) or not tool_timeout_s > 0):
             raise ValueError(f"tool_timeout_s must be a number > 0 or None (no limit), got {tool_timeout_s!r}")
-        super().__init__(engine, tokenizer, env_factory, sampling, config)
+        # the resets are watched with the same limit as the env steps (one knob)
+        super().__init__(engine, tokenizer, env_factory, sampling, config, step_timeout_s=tool_timeout_s)
         self.tool_concurrency = tool_concurrency
         self.tool_timeout_s = None if tool_timeout_s is None else float(tool_timeout_s)
         # envs whose abandoned call still ran when their episode ended: never read, never reused
@@ -201,6 +202,8 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         the version of segments the engine did not stamp."""
         loop = asyncio.get_running_loop()
         episodes = await loop.run_in_executor(None, self._start_episodes, [task], group_size, run.stats)
+        if not episodes:  # its env.reset failed (counted in reset_failures): the group fails alone
+            raise RuntimeError(f"env.reset failed: {self.last_reset_error}")
         await self._episodes_or_none(episodes, run, seed)
         return [self._finish(ep, policy_version, keep_stamps=True) for ep in episodes]
 

@@ -306,6 +306,13 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def weights_version(self) -> int:
         return self._weights_seq_no
 
+    def forget_weights_version(self) -> None:
+        """The next weight sync is applied whatever version it carries. A restore can bring other
+        weights under the version this runner holds (another run's checkpoint of the same
+        iteration), which the version check alone would skip (GRPO.set_state calls this)."""
+        self._close_weight_stream()
+        self._weights_seq_no = -1
+
     def stop(self) -> None:
         self.stream_stop()
         self._close_weight_stream()

@@ -28,6 +28,8 @@ is the error) nor reused; the other episodes of the batch go on.
 """
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ from ..envs.base import StepResult, ToolEnv
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from .text_safety import safe_text
 from .tool_pool import ToolPool
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout", "step_rewards_from_env",
            "DEFAULT_STEP_TIMEOUT_S", "EnvStepTimeout", "resolve_step_timeout"]
@@ -202,6 +206,7 @@ class RolloutStats:
     tool_timeouts: int = 0  # env steps that exceeded tool_timeout_s (async mode)
     tool_calls_abandoned: int = 0  # of those, calls whose thread was left running
     step_timeouts: int = 0  # env steps past step_timeout_s that ended their episode (turn_sync)
+    reset_failures: int = 0  # tasks whose group was not sampled: an env.reset raised or timed out
     extra: dict[str, Any] = field(default_factory=dict)
 
     def loop_metrics(self) -> dict[str, float]:
@@ -217,7 +222,8 @@ class RolloutStats:
                 "tool_calls_concurrent_max": float(self.tool_calls_concurrent_max),
                 "tool_timeouts": float(self.tool_timeouts),
                 "tool_calls_abandoned": float(self.tool_calls_abandoned),
-                "step_timeouts": float(self.step_timeouts)}
+                "step_timeouts": float(self.step_timeouts),
+                "reset_failures": float(self.reset_failures)}
 
 
 @dataclass
@@ -285,6 +291,9 @@ class MultiTurnRollout:
     ) -> None:
         self.step_timeout_s = _check_timeout("step_timeout_s", step_timeout_s)
         self._step_pool: ToolPool | None = None  # made on the first watched step
+        self._reset_pool: ToolPool | None = None  # made on the first watched reset
+        self._reset_pool_lock = threading.Lock()
+        self.last_reset_error: str | None = None  # the last env.reset that failed a task's group
         # envs whose timed-out step still runs: never read (episode_stats) nor reused
         self._abandoned_envs: set[int] = set()
         self.engine = engine
@@ -363,9 +372,15 @@ class MultiTurnRollout:
         t0 = time.perf_counter()
         for task in tasks:
             uid = str(task.get("uid", uuid.uuid4().hex))
-            for _ in range(group_size):
-                env = self._acquire_env()
-                messages = env.reset(task)
+            try:
+                started = self._reset_group(task, group_size, stats)
+            except Exception as exc:  # noqa: BLE001 - one task's environment must not end the batch
+                stats.reset_failures += 1
+                self.last_reset_error = f"task {uid}: {_describe(exc)}"
+                logger.warning("env.reset failed, task %s is not sampled (counted in reset_failures): %s",
+                               uid, _describe(exc))
+                continue
+            for env, messages in started:
                 prompt = self._prompt_ids(messages, getattr(env, "tool_schemas", None))
                 if len(prompt) + cfg.min_generation_tokens > cfg.max_model_len:
                     raise ValueError(
@@ -375,6 +390,45 @@ class MultiTurnRollout:
                 episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt), task))
         stats.env_time_s += time.perf_counter() - t0
         return episodes
+
+    def _reset_group(self, task: dict[str, Any], group_size: int,
+                     stats: RolloutStats) -> list[tuple[ToolEnv, Any]]:
+        """``group_size`` environments reset on ``task``: (env, first messages) each. A reset
+        that raises, or (``step_timeout_s``) still runs after that long, fails the whole group
+        (a partial group would bias its baseline): the envs reset so far go back to the pool,
+        a timed-out one is dropped (its call still owns it)."""
+        started: list[tuple[ToolEnv, Any]] = []
+        try:
+            for _ in range(group_size):
+                env = self._acquire_env()
+                try:
+                    started.append((env, self._reset_env(env, task, stats)))
+                except BaseException:
+                    self._release_env(env)
+                    raise
+        except BaseException:
+            for env, _ in started:
+                self._release_env(env)
+            raise
+        return started
+
+    def _reset_env(self, env: ToolEnv, task: dict[str, Any], stats: RolloutStats) -> Any:
+        """``env.reset(task)``, under the step watchdog when ``step_timeout_s`` is set."""
+        limit = self.step_timeout_s
+        if limit is None:
+            return env.reset(task)
+        with self._reset_pool_lock:  # the async loop resets groups from several executor threads
+            if self._reset_pool is None:
+                self._reset_pool = ToolPool(4, name="env-reset")
+        call = self._reset_pool.call(env.reset, task, timeout=limit)
+        if call.abandoned:
+            stats.step_timeouts += 1
+            stats.tool_calls_abandoned += 1
+            self._abandoned_envs.add(id(env))
+            raise EnvStepTimeout(f"env.reset still running after step_timeout_s={limit:g} s: the task's group is "
+                                 "not sampled and the environment is dropped (raise .env_runners(step_timeout_s=...) "
+                                 "if healthy resets take this long; None = no limit)")
+        return call.result()
 
     def _generation_cap(self, ep: _Episode) -> int:
         cfg = self.config

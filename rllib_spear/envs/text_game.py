@@ -290,6 +290,7 @@ class GymTextToolEnv(ToolEnv):
         self.last_info: dict = {}
         self.queries_per_step: list[int] = []
         self.invalid_actions = 0
+        self.unformatted_steps = 0  # steps with no single <action>..</action>: Dr.BoT's "incomplete"
         self.format_ok = True
         self.outcome = 0.0
 
@@ -332,6 +333,7 @@ class GymTextToolEnv(ToolEnv):
             err = None if match else f"'{cand}' is not an admissible action"
         else:
             err = parsed.error
+            self.unformatted_steps += 1
         reward, info = 0.0, {"valid_action": action is not None}
         self.queries_per_step.append(1)
         if action is None:
@@ -373,7 +375,11 @@ class GymTextToolEnv(ToolEnv):
             "queries_per_step": list(self.queries_per_step),
             "success": self.won,
             "format_ok": self.format_ok,
-            "has_answer": self.won,
+            # Dr.BoT's "incomplete" filter (docs/algorithms.md 1.5) on an agent task: a step with
+            # no action in the format, not a lost game (an inadmissible but well-formed action is
+            # complete). Per episode: one such step masks the episode.
+            "has_answer": self.turns > 0 and self.unformatted_steps == 0,
+            "unformatted_steps": self.unformatted_steps,
             "outcome_reward": self.outcome,
             "invalid_actions": self.invalid_actions,
             "turns": self.turns,

@@ -205,6 +205,23 @@ def test_the_rllib_learner_skips_counts_and_stops(path):
         _rllib_update(learner, _batch(4, nan_row=0))
 
 
+
+def test_the_skip_counters_are_in_the_learners_checkpoint(path):
+    """A run of skipped steps that spans a restore still stops at the limit: the learner's state
+    carries the guard's counters (before, a restored learner started again from 0)."""
+    cfg = (GRPOConfig().environment("search_qa").env_runners(num_env_runners=0)
+           .training(**TRAINING, max_consecutive_skipped_steps=2)
+           .rl_module(model_config={"model_path": path}).debugging(seed=0))
+    learner = cfg.build_learner(env=None)
+    _rllib_update(learner, _batch(0, nan_row=0))  # 1 skipped, 1 in a row
+    state = learner.get_state()
+    fresh = cfg.build_learner(env=None)
+    fresh.set_state(state)
+    assert fresh._step_guard.get_state() == {"skipped": 1, "consecutive": 1}
+    with pytest.raises(update_core.TooManySkippedStepsError, match="2 optimizer steps in a row"):
+        _rllib_update(fresh, _batch(1, nan_row=0))
+
+
 # ------------------------------------------------------------------------------ two gloo ranks
 def _rank(rank: int, port: int, model_path: str, out_dir: str) -> None:
     """One of two ranks (torch.multiprocessing.spawn): rank 1's loss is NaN (its gradient

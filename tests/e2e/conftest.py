@@ -13,12 +13,24 @@ _RAY_INIT = dict(num_cpus=2, include_dashboard=False,
 _RELEASE_WAIT_S = 15.0
 
 
+def _start_session_ray() -> None:
+    """The e2e tests' own 2-CPU Ray. A Ray this process started earlier with other resources (a
+    local build's ``init_ray``: 1 CPU) is replaced: the 2-learner tests would wait on it forever."""
+    import ray
+
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0.0) != _RAY_INIT["num_cpus"]:
+        logging.getLogger(__name__).warning("replacing the running Ray (%s) by the e2e tests' own",
+                                            ray.cluster_resources())
+        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(**_RAY_INIT)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
 
-    if not ray.is_initialized():
-        ray.init(**_RAY_INIT)
+    _start_session_ray()
     yield ray
     ray.shutdown()
 
@@ -42,7 +54,7 @@ def _fresh_ray_after_a_leak():
     if free < total:
         logging.getLogger(__name__).warning("a test left %.2f of %.2f CPUs held: restarting Ray", total - free, total)
         ray.shutdown()
-        ray.init(**_RAY_INIT)
+        _start_session_ray()
 
 
 @pytest.fixture(scope="session")

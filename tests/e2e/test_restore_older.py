@@ -5,6 +5,8 @@ set_state, an older state set into a live algorithm left the newer weights under
 state, and a restored version-0 checkpoint kept the runners on the newer weights."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import rllib_spear  # noqa: F401  (registers the algorithms)
@@ -101,5 +103,17 @@ def test_restoring_an_older_checkpoint_restores_its_weights(ray_session, tiny_mo
         _check_restored(algo, 0, w0, None)
         algo.train()
         assert algo.policy_version == 1
+
+        # the same version, other weights (another run's checkpoint of that iteration): the
+        # runners' version check alone would skip them and sample on the old weights
+        from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE
+
+        other = copy.deepcopy(state_1)
+        (module,) = other[COMPONENT_LEARNER_GROUP][COMPONENT_LEARNER][COMPONENT_RL_MODULE].values()
+        name = sorted(module)[0]
+        module[name] = module[name] + 0.125
+        w_other = {k: torch.as_tensor(v).clone() for k, v in module.items()}
+        algo.set_state(other)
+        _check_restored(algo, 1, w_other, None)
     finally:
         algo.stop()

@@ -43,6 +43,33 @@ def test_tool_env_episode_success_and_penalty():
     s = env.episode_stats()
     assert s["success"] and s["tool_calls"] == len(plan) + 2 and s["invalid_actions"] == 2
     assert s["queries_per_step"] == [1] * (len(plan) + 2) and s["outcome_reward"] == 10.0 and not s["format_ok"]
+    # "fly away" is well formed (only inadmissible); "no tags" has no action: one unformatted
+    # step, so Dr.BoT's incomplete filter masks the episode although it was won
+    assert s.extra["unformatted_steps"] == 1 and not s.has_answer
+
+
+def test_a_lost_game_in_format_is_complete():
+    """Dr.BoT's incomplete filter flags a step out of the action format, never a lost game:
+    a policy that cannot win yet still trains on its well-formed episodes."""
+    from rllib_spear.recipe.filters import RESPONSE_FILTERS
+
+    env = make_env("text_game", max_turns=2)
+    env.reset(load_tasks("text_game")[1])
+    env.step("<think>where?</think><action>look</action>")
+    env.step("<think>hm</think><action>dance</action>")  # inadmissible, still in format
+    s = env.episode_stats()
+    assert not s.success and s.has_answer and s.extra["unformatted_steps"] == 0
+    env.reset(load_tasks("text_game")[1])
+    env.step("<think>where?</think>look")
+    assert not env.episode_stats().has_answer
+
+    class _T:  # the filter reads only the stats
+        stats = s
+
+        def require_stats(self, who):
+            return self.stats
+
+    assert RESPONSE_FILTERS.get("incomplete").fn(_T(), None) is False
 
 
 def test_max_turns_ends_without_success():

@@ -266,3 +266,72 @@ def test_the_documented_defaults_match_the_config():
     assert {k for k, _ in rows} == {"step_timeout_s", "generation_timeout_s"}
     cfg = GRPOConfig()
     assert {k: ast.literal_eval(v) for k, v in rows} == {k: getattr(cfg, k) for k, _ in rows}
+
+
+# ---------------------------------------------------------------- env.reset (both loops)
+class _ResetEnv(StuckEnv):
+    """``task["reset"]``: "hang" blocks reset until ``release`` is set; "raise" raises."""
+
+    def reset(self, task):
+        mode = task.get("reset")
+        if mode == "hang":
+            self.release.wait(60)
+        elif mode == "raise":
+            raise ConnectionError("env server unreachable")
+        return super().reset(task)
+
+
+@pytest.mark.parametrize("loop", ["turn_sync", "async"])
+def test_a_hung_or_failing_reset_skips_only_its_tasks_group(tok, release, loop):
+    """A reset that hangs past the limit or raises used to hang the runner or fail its whole
+    sample call; now that task's group is not sampled, it is counted (``reset_failures``, and a
+    timeout in ``step_timeouts``), its hung env is never reused, the other tasks are sampled."""
+    envs: list[_ResetEnv] = []
+
+    def factory():
+        envs.append(_ResetEnv(release, turns=2))
+        return envs[-1]
+
+    engine, sampling = PromptFnEngine(tok.eos_token_id), SamplingConfig(max_new_tokens=16, seed=3)
+    if loop == "turn_sync":
+        ro = MultiTurnRollout(engine, tok, factory, sampling, _config(), step_timeout_s=LIMIT_S)
+    else:
+        ro = AsyncMultiTurnRollout(engine, tok, factory, sampling, _config(), tool_timeout_s=LIMIT_S)
+    tasks = [{"uid": "hang", "question": "q1", "reset": "hang"}, {"uid": "ok", "question": "q2"},
+             {"uid": "raise", "question": "q3", "reset": "raise"}]
+    t0 = time.perf_counter()
+    trajs, stats = ro.run(tasks, 2)
+    assert time.perf_counter() - t0 < 10 * LIMIT_S + 5  # not the 60 s the hung reset would take
+    assert [t.uid for t in trajs] == ["ok", "ok"] and all(t.rollout.error is None for t in trajs)
+    assert stats.reset_failures == 2 and stats.step_timeouts == 1
+    assert stats.loop_metrics()["reset_failures"] == 2.0
+    assert "ConnectionError" in ro.last_reset_error
+    hung = envs[0]  # the first env made: its reset is the one that hangs
+    assert not hasattr(hung, "task") and id(hung) not in {id(e) for e in ro._env_pool}, "the hung env is dropped"
+    release.set()
+    again, stats2 = ro.run([{"uid": "again", "question": "q4"}], 3)
+    assert len(again) == 3 and stats2.reset_failures == 0
+    assert all(e is not hung for e in ro._env_pool)
+
+
+def test_a_streamed_group_whose_reset_fails_fails_alone(tok):
+    """The async loop's per-group entry (``arun_group``, what a RolloutStream runs): a failed
+    reset fails that group with the reset's error, which the stream counts as a failed group."""
+    import asyncio
+
+    from rllib_spear.env_runners.async_rollout import _Run
+    from rllib_spear.env_runners.rollout import RolloutStats
+
+    ro = AsyncMultiTurnRollout(PromptFnEngine(tok.eos_token_id), tok, lambda: _ResetEnv(threading.Event()),
+                               SamplingConfig(max_new_tokens=16, seed=3), _config(), tool_timeout_s=LIMIT_S)
+
+    async def go():
+        run = _Run(RolloutStats(), ToolPool(2))
+        try:
+            with pytest.raises(RuntimeError, match="env.reset failed: task bad: ConnectionError"):
+                await ro.arun_group({"uid": "bad", "question": "q", "reset": "raise"}, 2, 0, run)
+            return await ro.arun_group({"uid": "good", "question": "q"}, 2, 0, run)
+        finally:
+            run.pool.shutdown()
+
+    assert [t.uid for t in asyncio.run(go())] == ["good", "good"]

@@ -204,8 +204,8 @@ class GRPO(Algorithm):
         got = self._pipeline.collect(self.env_runner_group, step=self.algo_step)
         self._sampled_version = self._policy_version  # the lag metrics count against the learners
         self._launch_sample(num_tasks)
-        if got.lost:
-            self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
+        # every iteration, 0 included: a "sum" metric with no value in an iteration reads NaN
+        self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
         self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
         self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
         self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
@@ -265,10 +265,13 @@ class GRPO(Algorithm):
         trajs, stats, lost, incomplete = sample_groups(self.env_runner_group, tasks,
                                                        int(group_size or self.config.group_size), version, resync,
                                                        seed_key)
-        if lost:
-            self.metrics.log_value("lost_env_runner_samples", lost, reduce="sum")
-        # every iteration, 0 included: a curve with gaps reads as "not measured"
+        # every iteration, 0 included: a curve with gaps reads as "not measured" (and a "sum"
+        # metric with no value in an iteration reads NaN). Every requested
+        # group is trained, dropped as incomplete, or lost with a runner's result:
+        # tasks = whole groups + dropped_incomplete_groups + lost_groups.
+        self.metrics.log_value("lost_env_runner_samples", lost, reduce="sum")
         self.metrics.log_value("dropped_incomplete_groups", incomplete, reduce="sum")
+        self.metrics.log_value("lost_groups", len(tasks) - len({t.uid for t in trajs}) - incomplete, reduce="sum")
         return trajs, stats
 
     def update_learners(self, rows: Sequence[LearnerRow], step: int) -> list[dict]:
@@ -509,7 +512,13 @@ class GRPO(Algorithm):
         if _STATE_KEY in state:
             self._set_extra_state(state[_STATE_KEY])
         if hasattr(self, "task_sampler"):
-            self.sync_weights()  # restored learner weights -> runners, version-checked
+            # restored learner weights -> runners, applied even where a runner holds the same
+            # version number (the restored weights may still differ: another run's checkpoint)
+            group = self.env_runner_group
+            if group is not None:  # the runners the sync reaches: the remote ones, else the local one
+                remote = group.num_remote_env_runners() > 0
+                group.foreach_env_runner(lambda r: r.forget_weights_version(), local_env_runner=not remote)
+            self.sync_weights()
 
     def _extra_state(self) -> dict[str, Any]:
         return {

@@ -340,6 +340,9 @@ class LearnerStateMixin:
 
             own["sharded_state"] = {"dir": SHARDED_STATE_DIR, "format": "torch.distributed.checkpoint",
                                     "world_size": dist.get_world_size() if dist.is_initialized() else 1}
+        guard = getattr(self, "_step_guard", None)
+        if guard is not None:
+            own["step_guard"] = guard.get_state()
         state[LEARNER_STATE_KEY] = own
         return state
 
@@ -375,6 +378,8 @@ class LearnerStateMixin:
             self._set_full_optimizer_state_sharded(state.pop(COMPONENT_OPTIMIZER))
         super().set_state(state)
         self._set_rng_state(own)
+        if "step_guard" in own and getattr(self, "_step_guard", None) is not None:
+            self._step_guard.set_state(own["step_guard"])  # absent in checkpoints of older versions
         sharded = own.get("sharded_state")
         if sharded and not has_module:
             if self._restore_dir is None:

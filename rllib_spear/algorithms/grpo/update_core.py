@@ -236,6 +236,14 @@ class StepGuard:
         self.skipped = 0
         self.consecutive = 0
 
+    def get_state(self) -> dict[str, int]:
+        """The counters, for the learner's checkpoint: a restored run goes on counting (a run of
+        skipped steps that spans a restart still stops at ``limit``)."""
+        return {"skipped": self.skipped, "consecutive": self.consecutive}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        self.skipped, self.consecutive = int(state["skipped"]), int(state["consecutive"])
+
     def record(self, applied: bool) -> None:
         """One optimizer step's outcome; raises when it makes ``limit`` skipped steps in a row."""
         if applied:
