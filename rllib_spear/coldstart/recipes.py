@@ -54,11 +54,7 @@ TASK_POLICY_RECIPE = dict(tool_use_rate=0.2, demo_seed=0, demo_passes=3,
 #: well-formed call at T=1. Three passages per query and 3 turns keep an episode within ~400
 #: tokens. A reading stage on 16 other worlds (every demonstration searching, loss on all tokens)
 #: teaches it to copy the found entities into the answer list (docs/design.md, "Other tasks").
-#: text_game: half of the demonstrations play the solver's plan to a win (the other half take
-#: three random actions). At the default 0.2 the cold start learnt the format but never won a
-#: game (0 of 64 before RL), so RL had no success to reinforce (README, the text-game benchmark).
 TASK_POLICY_OVERRIDES: dict[str, dict] = {
-    "text_game": dict(tool_use_rate=0.5, v=2),
     "multi_answer_search": dict(
         env_config={"parser": "search_r1", "top_k": 3, "max_turns": 3},
         reading=dict(worlds=16, world_seed=5000, epochs=4, lr=3e-3, train_on="all", batch_size=16, max_len=768),
