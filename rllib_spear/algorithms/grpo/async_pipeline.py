@@ -146,6 +146,11 @@ class AsyncPipeline:
             self._fill(group, sampler, ids, run_seed, out)
             self._poll(group, windows, out)
         self._fill(group, sampler, self._runner_ids(group, resync, out) or [], run_seed, out)
+        if not windows:
+            # a batch served whole from groups that had finished before (no runner was busy at
+            # the first poll, a fast machine): the runners now sample the refilled window, so
+            # ask them once more, without waiting, for their stats windows
+            self._poll(group, windows, out, timeout_s=0.0)
         out.runner_stats = [merge_runner_stats(w) for _, w in sorted(windows.items())]
         out.wait_s = time.perf_counter() - t0
         out.in_flight = self.outstanding
