@@ -397,17 +397,14 @@ class MultiTurnRollout:
         that raises, or (``step_timeout_s``) still runs after that long, fails the whole group
         (a partial group would bias its baseline): the envs reset so far go back to the pool,
         a timed-out one is dropped (its call still owns it)."""
+        envs: list[ToolEnv] = []
         started: list[tuple[ToolEnv, Any]] = []
         try:
             for _ in range(group_size):
-                env = self._acquire_env()
-                try:
-                    started.append((env, self._reset_env(env, task, stats)))
-                except BaseException:
-                    self._release_env(env)
-                    raise
+                envs.append(self._acquire_env())
+                started.append((envs[-1], self._reset_env(envs[-1], task, stats)))
         except BaseException:
-            for env, _ in started:
+            for env in envs:  # _release_env drops a timed-out one
                 self._release_env(env)
             raise
         return started
@@ -420,14 +417,23 @@ class MultiTurnRollout:
         with self._reset_pool_lock:  # the async loop resets groups from several executor threads
             if self._reset_pool is None:
                 self._reset_pool = ToolPool(4, name="env-reset")
-        call = self._reset_pool.call(env.reset, task, timeout=limit)
+        return self._watched(self._reset_pool, env, env.reset, task, stats,
+                             "env.reset", "the task's group is not sampled")
+
+    def _watched(self, pool: ToolPool, env: ToolEnv, fn: Callable[[Any], Any], arg: Any, stats: RolloutStats,
+                 what: str, outcome: str) -> Any:
+        """``fn(arg)`` on ``pool`` for at most ``step_timeout_s``; past it the call is abandoned,
+        counted (``step_timeouts``, ``tool_calls_abandoned``), ``env`` is never read nor reused
+        again, and :class:`EnvStepTimeout` says what happens (``outcome``)."""
+        limit = self.step_timeout_s
+        call = pool.call(fn, arg, timeout=limit)
         if call.abandoned:
             stats.step_timeouts += 1
             stats.tool_calls_abandoned += 1
             self._abandoned_envs.add(id(env))
-            raise EnvStepTimeout(f"env.reset still running after step_timeout_s={limit:g} s: the task's group is "
-                                 "not sampled and the environment is dropped (raise .env_runners(step_timeout_s=...) "
-                                 "if healthy resets take this long; None = no limit)")
+            raise EnvStepTimeout(f"{what} still running after step_timeout_s={limit:g} s: {outcome} and its "
+                                 "environment is dropped (raise .env_runners(step_timeout_s=...) if healthy calls "
+                                 "take this long; None = no limit)")
         return call.result()
 
     def _generation_cap(self, ep: _Episode) -> int:
@@ -472,15 +478,8 @@ class MultiTurnRollout:
             return ep.env.step(text)
         if self._step_pool is None:  # one thread: the turn_sync loop steps one env at a time
             self._step_pool = ToolPool(1, name="env-step")
-        call = self._step_pool.call(ep.env.step, text, timeout=limit)
-        if call.abandoned:
-            stats.step_timeouts += 1
-            stats.tool_calls_abandoned += 1
-            self._abandoned_envs.add(id(ep.env))
-            raise EnvStepTimeout(f"env step still running after step_timeout_s={limit:g} s: the episode ends here "
-                                 "and its environment is dropped (raise .env_runners(step_timeout_s=...) if healthy "
-                                 "steps take this long; None = no limit)")
-        return call.result()
+        return self._watched(self._step_pool, ep.env, ep.env.step, text, stats,
+                             "env step", "the episode ends here")
 
     def _take_turn(self, ep: _Episode, out: GenerationOutput, stats: RolloutStats) -> str | None:
         """Append the sampled assistant turn to ``ep``; returns its decoded text for the env, or
