@@ -14,7 +14,13 @@ env config it was trained with):
   list (can it copy what it found?), beside the demonstrations' own F1;
 - free rollouts at temperature 1: tool-call rate, F1, F1 with and without a search.
 
-    python benchmarks/policy_skills.py [--task search_qa|multi_answer_search] [--model PATH] [--tasks 100]
+With ``--task text_game`` (default model: the embedded text-game cold start, 8 turns):
+- next action after the exploring demonstration's own history (greedy, on the test games): how
+  often it is the demonstration's action, by phase (looking for the object, taking it, carrying
+  it, putting it), and how often it is admissible;
+- free rollouts, greedy and at temperature 1: wins and invalid actions per game.
+
+    python benchmarks/policy_skills.py [--task search_qa|multi_answer_search|text_game] [--model PATH] [--tasks 100]
 """
 from __future__ import annotations
 
@@ -82,23 +88,25 @@ def listing_f1_after_searches(engine, tasks, env_config: dict) -> tuple[float, f
 
 
 def free_rollouts(engine, task_name: str, tasks, group: int, env_config: dict, metric: str,
-                  max_new_tokens: int = 48, max_model_len: int = 768, max_response_tokens: int = 384) -> dict:
+                  max_new_tokens: int = 48, max_model_len: int = 768, max_response_tokens: int = 384,
+                  turns: int = 3, temperature: float = 1.0) -> dict:
     """Tool-call rate and ``metric`` (overall, with and without a search) of ``group`` episodes
-    per task sampled at temperature 1 (3 turns)."""
+    per task sampled at ``temperature`` (``turns`` turns), and the episodes themselves."""
     from rllib_spear.env_runners.engines.base import SamplingConfig
     from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig
     from rllib_spear.envs import make_env
 
-    factory = lambda: make_env(task_name, **{**env_config, "max_turns": 3})  # noqa: E731
-    rollout = MultiTurnRollout(engine, engine.tokenizer, factory, SamplingConfig(max_new_tokens=max_new_tokens, seed=5),
-                               RolloutConfig(max_turns=3, max_model_len=max_model_len,
+    factory = lambda: make_env(task_name, **{**env_config, "max_turns": turns})  # noqa: E731
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, seed=5, temperature=temperature)
+    rollout = MultiTurnRollout(engine, engine.tokenizer, factory, sampling,
+                               RolloutConfig(max_turns=turns, max_model_len=max_model_len,
                                              max_response_tokens=max_response_tokens))
     trajs, _ = rollout.run(tasks, group)
     tool = np.array([t.stats.tool_calls > 0 for t in trajs])
     value = np.array([float(t.stats[metric]) for t in trajs])
     return {"episodes": len(trajs), "tool_call_rate": float(tool.mean()), metric: float(value.mean()),
             "with_search": float(value[tool].mean()) if tool.any() else float("nan"), "searching": int(tool.sum()),
-            "without_search": float(value[~tool].mean()) if (~tool).any() else float("nan")}
+            "without_search": float(value[~tool].mean()) if (~tool).any() else float("nan"), "trajectories": trajs}
 
 
 def multi_answer_main(args) -> None:
@@ -122,15 +130,79 @@ def multi_answer_main(args) -> None:
     print(f"({time.time() - t0:.0f} s)")
 
 
+def next_action_after_demonstration(engine, tasks, env_config: dict) -> dict[str, tuple[float, int]]:
+    """Per phase of the exploring demonstrations of ``tasks`` (named by the turn's thought, "look",
+    "take", "carry", "put", and "all"): (fraction of turns where the greedy next turn, given the
+    demonstration's history, holds the demonstration's action, turns); "admissible": (fraction
+    whose action was admissible there, turns)."""
+    import re
+
+    from rllib_spear.env_runners.engines.base import SamplingConfig
+    from rllib_spear.envs import scripted_demonstrations
+
+    tok = engine.tokenizer
+    demos = scripted_demonstrations("text_game", tasks, tool_use_rate=1.0, env_config=env_config,
+                                    game_player="explorer")
+    prompts, wanted, phases, admissible = [], [], [], []
+    for conv in demos:
+        for k, m in enumerate(conv):
+            if m["role"] != "assistant":
+                continue
+            prompts.append(tok(tok.apply_chat_template(conv[:k], add_generation_prompt=True, tokenize=False),
+                               add_special_tokens=False)["input_ids"])
+            wanted.append(re.search(r"<action>(.*)</action>", m["content"]).group(1))
+            thought = re.search(r"<think>(.*)</think>", m["content"]).group(1)
+            phases.append(next(p for p, w in (("look", "look for"), ("take", "is here"), ("carry", "carry"),
+                                              ("put", "put the")) if w in thought))
+            shown = re.search(r"Admissible actions: (.*?)(</observation>)?$", conv[k - 1]["content"], re.S)
+            admissible.append(shown.group(1).split(", ") if shown else [])
+    outs = engine.generate(prompts, SamplingConfig(max_new_tokens=64, temperature=1e-4, seed=0))
+    got = [re.search(r"<action>(.*?)</action>", tok.decode(o.token_ids, skip_special_tokens=True)) for o in outs]
+    got = [g.group(1).strip() if g else None for g in got]
+    right = np.array([g == w for g, w in zip(got, wanted)])
+    phases = np.array(phases)
+    out = {p: (float(right[phases == p].mean()), int((phases == p).sum()))
+           for p in ("look", "take", "carry", "put") if (phases == p).any()}
+    out["all"] = (float(right.mean()), len(right))
+    out["admissible"] = (float(np.mean([g in a for g, a in zip(got, admissible)])), len(got))
+    return out
+
+
+def text_game_main(args) -> None:
+    from rllib_spear.env_runners.engines.hf_engine import HFEngine
+    from rllib_spear.envs import load_tasks
+    from rllib_spear.coldstart import task_policy_env_config, task_policy_path
+
+    path = task_policy_path("text_game") if args.model == "embedded" else args.model
+    env_config = {**task_policy_env_config("text_game"), "max_turns": 8}
+    engine = HFEngine(path)
+    t0 = time.time()
+    print(f"model: {path}\nenv_config: {env_config}")
+    test = load_tasks("text_game", split="test")[: args.tasks]
+    acc = next_action_after_demonstration(engine, test, env_config)
+    print(f"next action after the exploring demonstration's history ({len(test)} test games, greedy): "
+          + ", ".join(f"{p} {v:.3f} (n={n})" for p, (v, n) in acc.items()))
+    train = load_tasks("text_game", split="train")[: args.tasks]
+    for temperature, group in ((0.0, 1), (1.0, args.group)):
+        r = free_rollouts(engine, "text_game", train, group, env_config, "success", max_new_tokens=64,
+                          max_model_len=2048, max_response_tokens=1792, turns=8, temperature=temperature)
+        invalid = np.mean([t.stats["invalid_actions"] for t in r["trajectories"]])
+        print(f"free rollouts ({r['episodes']} train games, temperature {temperature:g}): wins {r['success']:.3f}, "
+              f"invalid actions per game {invalid:.2f} of 8")
+    print(f"({time.time() - t0:.0f} s)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="search_qa", choices=["search_qa", "multi_answer_search"])
+    ap.add_argument("--task", default="search_qa", choices=["search_qa", "multi_answer_search", "text_game"])
     ap.add_argument("--model", default="embedded", help="model folder (default: the task's embedded cold start)")
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--group", type=int, default=4, help="free rollouts per task")
     args = ap.parse_args()
     if args.task == "multi_answer_search":
         return multi_answer_main(args)
+    if args.task == "text_game":
+        return text_game_main(args)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -47,6 +47,7 @@ def task_conversations(recipe: dict) -> list[list[dict]]:
         convs += envs.scripted_demonstrations(
             recipe["task"], tasks, tool_use_rate=recipe["tool_use_rate"], seed=recipe["demo_seed"] + k,
             think=recipe.get("think", "plain"), env_config=recipe.get("env_config"),
+            game_player=recipe.get("game_player", "solver"),
         )
     return [list(c) for c in convs]
 

@@ -60,6 +60,17 @@ TASK_POLICY_OVERRIDES: dict[str, dict] = {
         reading=dict(worlds=16, world_seed=5000, epochs=4, lr=3e-3, train_on="all", batch_size=16, max_len=768),
         v=2,
     ),
+    # text_game: every demonstration explores the game the way its observations allow (open what
+    # is closed, visit unvisited rooms, take the goal object when it shows, carry it to the goal
+    # receptacle's room), thinking the phase in the goal's words ("I look for the sock."). The
+    # solver's plans walk straight to the hidden object, so imitating them taught no policy where
+    # to look (0 wins in 128 games); with half of the demonstrations random (3 actions, "I will
+    # try ...") the policy mixed the two and won 0 of 6 greedy games. 8 turns, the learning
+    # benchmark's episode: the explorer wins 210 of the 244 train games (mean 5.5 actions).
+    "text_game": dict(
+        tool_use_rate=1.0, game_player="explorer", env_config={"max_turns": 8},
+        sft=dict(epochs=4, lr=1e-3, seed=0, max_len=1536, batch_size=16),
+    ),
 }
 
 #: Task cold starts that ship with the package (``python -m rllib_spear.coldstart`` rebuilds them).

@@ -55,16 +55,19 @@ def system_prompt(spec: Any, **env_config: Any) -> str:
 
 
 def scripted_demonstrations(env_name: Any, tasks: list[dict], *, tool_use_rate: float = 0.2, seed: int = 0,
-                            env_config: dict | None = None, think: str = "plain") -> list[list[dict[str, str]]]:
+                            env_config: dict | None = None, think: str = "plain",
+                            game_player: str = "solver") -> list[list[dict[str, str]]]:
     """Scripted demonstrations of a built-in env (given by name or class); other envs have no
-    scripted policy (``ValueError``)."""
+    scripted policy (``ValueError``). ``think`` and ``game_player``: see
+    :func:`rllib_spear.envs.demos.scripted_demonstrations`."""
     from rllib_spear.envs.demos import scripted_demonstrations as _sd
 
     name = builtin_env_name(env_name)
     if name is None:
         raise ValueError(f"no scripted policy for environment {resolve_env(env_name).label!r}: scripted "
                          f"demonstrations exist for the built-in envs {list(ENV_NAMES)} only")
-    return _sd(name, tasks, tool_use_rate=tool_use_rate, seed=seed, env_config=env_config, think=think)
+    return _sd(name, tasks, tool_use_rate=tool_use_rate, seed=seed, env_config=env_config, think=think,
+               game_player=game_player)
 
 
 def __getattr__(name: str):

@@ -6,7 +6,8 @@ as a user message exactly as ``env.step`` returned it). Per task, with probabili
 ``tool_use_rate`` the demo uses the tool correctly and answers from what it retrieved/computed;
 otherwise it answers directly with a guess drawn from the pool of answers of the same type (right
 only by chance). Text games: with probability ``tool_use_rate`` the demo follows the solver's plan
-to success; otherwise it takes up to 3 random admissible actions (the conversation then ends
+to success (or, ``game_player="explorer"``, explores what it sees until it wins or runs out of
+turns); otherwise it takes up to 3 random admissible actions (the conversation then ends
 unfinished). Assistant turns are short and use the exact formats of the env's parser.
 """
 from __future__ import annotations
@@ -17,7 +18,10 @@ import random
 import re
 from typing import Any
 
-__all__ = ["scripted_demonstrations", "DEMOS_VERSION"]
+__all__ = ["scripted_demonstrations", "DEMOS_VERSION", "GAME_PLAYERS"]
+
+#: The scripted players of a text-game demonstration (``scripted_demonstrations(game_player=)``).
+GAME_PLAYERS = ("solver", "explorer")
 
 #: Part of the name of every cold-start build (``rllib_spear.coldstart.recipes.recipe_key``): bump it
 #: whenever a change here (or in the envs' observations) changes the conversations for the same
@@ -173,11 +177,53 @@ def _demo_math(env, task, rng, use_tool, pools, think="plain"):
     return _play(env, task, turns)
 
 
-def _demo_game(env, task, rng, use_tool, pools, think="plain"):
+def _explore_game(env, task, rng):
+    """The exploring player's (thought, action) turns: a reactive rule over what the observations
+    show, so a policy that reads them can imitate it. Not holding the goal object: take it when a
+    ``take`` action for it is admissible, else open a closed receptacle here, else go to a room not
+    yet visited (any exit when all were). Holding it: put it in the goal receptacle when
+    admissible, else open that receptacle, else go to its room (a receptacle always stands in the
+    same room of the game's world, ``ROOMS``) when it is an exit, else move on as above. The
+    thought names the phase and the goal's words ("I look for the sock.", "I carry the sock to
+    the desk."), which the action then copies."""
+    from rllib_spear.envs.text_game import ROOMS
+
+    goal = re.search(r"put the (\S+) in the (\S+?)\.", env.last_info.get("goal", "") + ".")
+    if goal is None:
+        raise ValueError(f"text game task {task.get('uid')!r}: no goal in the game's info")
+    obj, rec = goal.groups()
+    goal_room = next((room for room, recs in ROOMS.items() if rec in recs), None)
+    visited: set[str] = set()
+    holding = False
+    while True:
+        admissible = list(env.admissible)
+        visited.add(env.last_info.get("room", ""))  # the room every description names
+        exits = [a for a in admissible if a.startswith("go to ")]
+        unvisited = [a for a in exits if a[len("go to "):] not in visited]
+        move = (unvisited[0] if unvisited else rng.choice(exits)) if exits else "look"
+        if holding:
+            thought = f"I carry the {obj} to the {rec}."
+            options = [f"put {obj} in {rec}", f"open {rec}", f"go to {goal_room}"]
+        else:
+            thought = f"I look for the {obj}."
+            options = [a for a in admissible if a.startswith(f"take {obj} from ")]
+            options += [a for a in admissible if a.startswith("open ")]
+        action = next((a for a in options if a in admissible), move)
+        if action.startswith("take "):
+            holding, thought = True, f"The {obj} is here."
+        elif action.startswith("put "):
+            thought = f"I put the {obj} in the {rec}."
+        yield thought, action
+
+
+def _demo_game(env, task, rng, use_tool, pools, think="plain", player="solver"):
     from rllib_spear.envs.text_game import generate_game, solve_game
 
     def turns(env, observations):
-        if use_tool:
+        if use_tool and player == "explorer":
+            for thought, a in _explore_game(env, task, rng):
+                yield f"<think>{thought}</think>\n<action>{a}</action>"
+        elif use_tool:
             if "seed" in task:
                 plan = solve_game(generate_game(int(task["seed"]), int(task.get("n_rooms", 3)),
                                                 int(task.get("n_objects", 3))))
@@ -215,13 +261,23 @@ def _answer_pools(env_name: str, tasks: list[dict]) -> dict[str, list[str]]:
 
 
 def scripted_demonstrations(env_name: str, tasks: list[dict], *, tool_use_rate: float = 0.2, seed: int = 0,
-                            env_config: dict[str, Any] | None = None, think: str = "plain") -> list[list[dict[str, str]]]:
+                            env_config: dict[str, Any] | None = None, think: str = "plain",
+                            game_player: str = "solver") -> list[list[dict[str, str]]]:
     """One conversation per task (see module docstring); deterministic in ``seed``.
 
     ``think="evidence"`` (search_qa): after a search, the ``<think>`` quotes the retrieved sentence
-    that holds the next query or the answer instead of a fixed phrase."""
+    that holds the next query or the answer instead of a fixed phrase. ``game_player`` (text
+    games, with probability ``tool_use_rate``): "solver" follows the solver's plan, which walks
+    straight to the hidden object; "explorer" (text_game) plays a rule that uses only what the
+    observations show (opens receptacles, visits rooms until it sees the object), so a policy
+    can learn it from the conversation."""
     if think not in ("plain", "evidence"):
         raise ValueError(f"think must be 'plain' or 'evidence', got {think!r}")
+    if game_player not in GAME_PLAYERS:
+        raise ValueError(f"game_player must be one of {GAME_PLAYERS}, got {game_player!r}")
+    if game_player == "explorer" and env_name != "text_game":
+        raise ValueError(f"game_player='explorer' plays the embedded text_game only, not {env_name!r}; "
+                         "use game_player='solver' (the env's own walkthrough)")
     from rllib_spear.envs import make_env
 
     if env_name not in _DEMOS:
@@ -232,5 +288,6 @@ def scripted_demonstrations(env_name: str, tasks: list[dict], *, tool_use_rate: 
     for i, task in enumerate(tasks):
         rng = _rng(seed, str(task.get("uid", i)))
         use_tool = rng.random() < tool_use_rate
-        out.append(_DEMOS[env_name](env, task, rng, use_tool, pools, think=think))
+        extra = {"player": game_player} if env_name in ("text_game", "textworld") else {}
+        out.append(_DEMOS[env_name](env, task, rng, use_tool, pools, think=think, **extra))
     return out

@@ -217,7 +217,8 @@ class TextGameGym(_GymBase):
 
     ``reset(seed=None, options={"task": {...}})`` (task keys ``seed``, ``n_rooms``, ``n_objects``)
     returns ``(obs, info)``; ``step(action)`` returns ``(obs, reward, terminated, truncated, info)``
-    with reward 1.0 on the winning step; ``info`` has ``admissible_commands``, ``won``, ``valid``.
+    with reward 1.0 on the winning step; ``info`` has ``admissible_commands``, ``won``, ``valid``,
+    ``goal`` and ``room`` (the player's room, which every description names).
     """
 
     metadata = {"render_modes": []}
@@ -235,7 +236,7 @@ class TextGameGym(_GymBase):
 
     def _info(self, valid: bool = True) -> dict:
         return {"admissible_commands": self.game.admissible_actions(), "won": self.game.won, "valid": valid,
-                "goal": self.game.spec.goal_text}
+                "goal": self.game.spec.goal_text, "room": self.game.room}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         task = dict((options or {}).get("task") or self.task)
