@@ -132,9 +132,10 @@ def multi_answer_main(args) -> None:
 
 def next_action_after_demonstration(engine, tasks, env_config: dict) -> dict[str, tuple[float, int]]:
     """Per phase of the exploring demonstrations of ``tasks`` (named by the turn's thought, "look",
-    "take", "carry", "put", and "all"): (fraction of turns where the greedy next turn, given the
-    demonstration's history, holds the demonstration's action, turns); "admissible": (fraction
-    whose action was admissible there, turns)."""
+    "take", "carry", "put", and "all") and per turn ("turn 1", "turn 2", "turn 3", "turn 4+"):
+    (fraction of turns where the greedy next turn, given the demonstration's history, holds the
+    demonstration's action, turns); "admissible": (fraction whose action was admissible there,
+    turns)."""
     import re
 
     from rllib_spear.env_runners.engines.base import SamplingConfig
@@ -143,11 +144,14 @@ def next_action_after_demonstration(engine, tasks, env_config: dict) -> dict[str
     tok = engine.tokenizer
     demos = scripted_demonstrations("text_game", tasks, tool_use_rate=1.0, env_config=env_config,
                                     game_player="explorer")
-    prompts, wanted, phases, admissible = [], [], [], []
+    prompts, wanted, phases, admissible, turn_of = [], [], [], [], []
     for conv in demos:
+        turn = 0
         for k, m in enumerate(conv):
             if m["role"] != "assistant":
                 continue
+            turn += 1
+            turn_of.append(f"turn {turn}" if turn < 4 else "turn 4+")
             prompts.append(tok(tok.apply_chat_template(conv[:k], add_generation_prompt=True, tokenize=False),
                                add_special_tokens=False)["input_ids"])
             wanted.append(re.search(r"<action>(.*)</action>", m["content"]).group(1))
@@ -164,6 +168,9 @@ def next_action_after_demonstration(engine, tasks, env_config: dict) -> dict[str
     out = {p: (float(right[phases == p].mean()), int((phases == p).sum()))
            for p in ("look", "take", "carry", "put") if (phases == p).any()}
     out["all"] = (float(right.mean()), len(right))
+    turn_of = np.array(turn_of)
+    out.update({t: (float(right[turn_of == t].mean()), int((turn_of == t).sum()))
+                for t in ("turn 1", "turn 2", "turn 3", "turn 4+") if (turn_of == t).any()})
     out["admissible"] = (float(np.mean([g in a for g, a in zip(got, admissible)])), len(got))
     return out
 

@@ -199,6 +199,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return self._result(trajs, stats)
 
     def _log_sampling(self, num_episodes: int, stats) -> None:
+        # logged every call, 0 included: in RLlib's metrics a "sum" that an iteration does not
+        # log reads NaN (after a first timeout, every later iteration would report NaN)
+        self.metrics.log_value("generation_timeouts", 0, reduce="sum")
         self.metrics.log_value("generated_tokens", stats.generated_tokens, reduce="sum")
         self.metrics.log_value("generation_time_s", stats.generation_time_s, reduce="sum")
         self.metrics.log_value("env_time_s", stats.env_time_s, reduce="sum")

@@ -128,7 +128,8 @@ NEARLY_ALL_FILTERED = 0.9
 
 #: What to look at when one filter masks (nearly) a whole batch: the knob, and the usual cause.
 _FILTER_HINTS = {
-    "incomplete": ("the responses have no valid final answer in the environment's format: check that the model "
+    "incomplete": ("the responses have no valid final answer in the environment's format (on an agent task: "
+                   "some step of the episode held no action in the format, docs/algorithms.md 1.5): check that the model "
                    "speaks it (the embedded model only speaks the embedded search tasks' format; start a new "
                    "environment or tool with an instruct model: rl_module(model_config={'model_path': "
                    "'smollm2-instruct'}) or any local HF instruct model folder), or drop 'incomplete' from "

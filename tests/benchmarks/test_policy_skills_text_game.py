@@ -58,6 +58,8 @@ def test_a_policy_that_plays_the_demonstration_scores_one(games_and_tokenizer):
     turns = sum(m["role"] == "assistant" for c in demos for m in c)
     assert got["all"] == (1.0, turns) and got["admissible"] == (1.0, turns)
     assert sum(n for p, (_, n) in got.items() if p in ("look", "take", "carry", "put")) == turns
+    assert sum(n for p, (_, n) in got.items() if p.startswith("turn ")) == turns
+    assert got["turn 1"] == (1.0, len(tasks))
     # every won game takes and puts once
     assert got["take"][1] >= got["put"][1] >= 1
 

@@ -103,6 +103,7 @@ def test_a_nan_step_is_skipped_on_every_rank_counted_and_stops_the_run(ray_sessi
         r2 = algo.train()["learners"]["default_policy"]
         trained = _rank_states(algo)
         assert r2["skipped_steps"] == 0
+        assert r2["num_optimizer_steps"] == 1  # one global step, counted once, not once per rank
         assert not any(_same(a, t) for a, t in zip(after, trained)), "the finite step did not train every rank"
         if sharding == "ddp" and num_learners == 2:  # replicas: the ranks hold the same weights
             assert _same(trained[0], trained[1])

@@ -62,8 +62,11 @@ def test_runner_killed_training_continues(ray_session, tiny_model):
         assert last["env_runners"]["policy_version_lag_max"] == 0
         # and one more ordinary iteration works
         step = algo.algo_step
-        algo.train()
+        after = algo.train()
         assert algo.algo_step == step + 1 and calls[-1][0]
+        # the event counters read 0 once the runner is back, not NaN (an unlogged "sum" would)
+        assert last["lost_all_samples"] == 0 and after["lost_all_samples"] == 0
+        assert after["dropped_in_flight_trajectories"] == 0
     finally:
         algo.stop()
 

@@ -232,6 +232,9 @@ def test_the_runner_passes_the_watchdogs_and_reports_step_timeouts(release):
         assert runner.get_metrics()["step_timeouts"] == 2
         runner._engine_hung(GenerationTimeout("test"))  # the local runner (index 0) only counts it
         assert runner.get_metrics()["generation_timeouts"] == 1
+        # the next sampling call reports 0, not NaN (an unlogged "sum" reads NaN in RLlib)
+        runner.sample_groups(tasks=[{"uid": "u", "question": "q", "turns": 1}], group_size=1)
+        assert runner.get_metrics()["generation_timeouts"] == 0
     finally:
         release.set()
         runner.stop()

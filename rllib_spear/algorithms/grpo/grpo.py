@@ -148,6 +148,10 @@ class GRPO(Algorithm):
     def training_step(self) -> None:
         cfg: GRPOConfig = self.config
         step = self.algo_step + 1
+        # event counters are logged every iteration, 0 included: in RLlib's metrics a "sum" that
+        # an iteration does not log reads NaN, so one event would turn every later iteration NaN
+        for counter in ("lost_all_samples", "dropped_in_flight_trajectories"):
+            self.metrics.log_value(counter, 0, reduce="sum")
         t0 = time.perf_counter()
         trajs, runner_stats = self.next_batch(cfg.tasks_per_iteration)
         run_trajectory_callbacks(self, trajs, runner_stats, step)

@@ -206,8 +206,9 @@ class GRPOTorchLearner(LearnerStateMixin, VLLMTransferMixin, ModuleLayoutMixin, 
             for k, v in self.state_bytes().items():
                 self.metrics.log_value((module_id, k), v, reduce="max", window=1)
         total_loss = self._log_update_metrics(module_id, metrics)
-        self.metrics.log_value((module_id, "num_optimizer_steps"), steps, reduce="sum")
-        # every rank skips the same steps; RLlib sums the learners' results: rank 0 counts them
+        # every rank takes and skips the same steps (one global batch, stepped in lockstep), and
+        # RLlib sums the learners' results: rank 0 counts them, so 2 learners do not report 2x
+        self.metrics.log_value((module_id, "num_optimizer_steps"), steps if rank() == 0 else 0, reduce="sum")
         skipped = self._step_guard.skipped - skipped_before
         self.metrics.log_value((module_id, "skipped_steps"), skipped if rank() == 0 else 0, reduce="sum")
         self.metrics.log_value((module_id, "trained_tokens"), trained_tokens, reduce="sum")
