@@ -297,8 +297,12 @@ def test_ctrl_c_stops_a_build_and_leaves_no_partial_cache_entry(tmp_path):
         "r = dict(R, hidden=64, heads=1, demo_passes=1, copy_pretrain=dict(R['copy_pretrain'], steps=10**6),\n"
         "         reading=dict(R['reading'], worlds=1))\n"
         "default_policy_path(sys.argv[1], recipe=r)\n")
+    # the build runs as a user's foreground process would: SIGINT at its default. A suite started
+    # in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python
+    # then never raises KeyboardInterrupt (the fresh-clone CI of 3092bd6 failed here that way)
     proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TUNE_DISABLE_SIGINT_HANDLER": "1"})
+                            env={**os.environ, "TUNE_DISABLE_SIGINT_HANDLER": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     for line in proc.stderr:  # the build says what it does: wait for the training loop
         seen.append(line)
