@@ -506,9 +506,87 @@ def stage_weight_sync(a, dev, blocked: BlockImports) -> dict:
         _sync(dev)
         secs = time.perf_counter() - t0
         out["bf16_on_device"] = {"bytes": nbytes, "seconds": secs, "gb_per_s": nbytes / secs / 1e9}
+        out["host_copy_paths"] = _host_copy_paths(state, dev, bucket_bytes)
     if not out["ok"]:
         out["error"] = f"the bf16 payload is {out['bytes_ratio']:.3f} of the fp32 one, not half"
     del state, model
+    return out
+
+
+def _host_copy_paths(state: dict, dev, bucket_bytes: int) -> dict:
+    """Where the host path's time goes, on the bf16 weights already gathered on the device
+    (the gather is timed above): (a) ``per_tensor_pageable``, one tensor at a time into pageable
+    memory (what ``iter_full_state(device="cpu")`` does); (b) ``bucket_pageable``, each bucket
+    packed on the device into one flat buffer, then one copy into pageable memory; (c)
+    ``bucket_pinned``, the same into one pinned staging buffer reused by every bucket; (d)
+    ``bucket_pinned_then_host``, (c) plus a host copy out of the staging buffer (what
+    ``ray.put`` adds). (c) and (d) need CUDA (pinned memory); on CPU they are None."""
+    import torch
+
+    from rllib_spear.models.sharding import iter_full_state
+
+    tensors = [t for _, t in iter_full_state(state, keep=True, dtype=torch.bfloat16, device=None)]
+    buckets: list[list] = [[]]
+    size = 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if buckets[-1] and size + n > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(t)
+        size += n
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    biggest = max(sum(t.numel() * t.element_size() for t in b) for b in buckets)
+
+    def packed(bucket) -> "torch.Tensor":
+        n = sum(t.numel() * t.element_size() for t in bucket)
+        flat = torch.empty(n, dtype=torch.uint8, device=tensors[0].device)
+        off = 0
+        for t in bucket:
+            k = t.numel() * t.element_size()
+            flat[off:off + k].copy_(t.reshape(-1).view(torch.uint8))
+            off += k
+        return flat
+
+    def timed(fn) -> dict:
+        _sync(dev)
+        t0 = time.perf_counter()
+        fn()
+        _sync(dev)
+        secs = time.perf_counter() - t0
+        return {"seconds": secs, "gb_per_s": total / secs / 1e9}
+
+    def per_tensor():
+        for t in tensors:
+            t.to("cpu")
+
+    def bucket_pageable():
+        for b in buckets:
+            packed(b).to("cpu")
+
+    out: dict = {"bytes": total, "buckets": len(buckets)}
+    per_tensor()  # warm-up
+    out["per_tensor_pageable"] = timed(per_tensor)
+    out["bucket_pageable"] = timed(bucket_pageable)
+    if dev.type != "cuda":
+        out["bucket_pinned"] = out["bucket_pinned_then_host"] = None
+        return out
+    t0 = time.perf_counter()
+    staging = torch.empty(biggest, dtype=torch.uint8, pin_memory=True)
+    out["pinned_alloc_seconds"] = time.perf_counter() - t0
+
+    def bucket_pinned(then_host: bool = False):
+        for b in buckets:
+            flat = packed(b)
+            view = staging[:flat.numel()]
+            view.copy_(flat, non_blocking=True)
+            torch.cuda.current_stream(dev).synchronize()
+            if then_host:
+                view.clone()
+
+    out["bucket_pinned"] = timed(bucket_pinned)
+    out["bucket_pinned_then_host"] = timed(lambda: bucket_pinned(True))
+    del staging, tensors
     return out
 
 

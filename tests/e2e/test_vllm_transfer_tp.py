@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys
     import ray, torch
 
-    def main(model_path, transport):
+    def main(model_path, transport, result_path):
         ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, runtime_env={"env_vars": {
             "GLOO_SOCKET_IFNAME": "lo", "RAY_AUTH_MODE": "disabled", "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
             "VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_CPU_KVCACHE_SPACE": "1"}})
@@ -61,10 +61,13 @@ SCRIPT = textwrap.dedent("""
                        max_gap=max(abs(a - b) for a, b in zip(got[1:], want[1:])))
         finally:
             algo.stop()
-        print("RESULT " + json.dumps(out), flush=True)
+        # A file, not stdout: Ray and vLLM children write to the same stdout, and a line of theirs
+        # can land inside ours.
+        with open(result_path, "w") as f:
+            json.dump(out, f)
 
     if __name__ == "__main__":
-        main(sys.argv[1], sys.argv[2])
+        main(sys.argv[1], sys.argv[2], sys.argv[3])
 """)
 
 
@@ -78,11 +81,11 @@ def test_tp2_multiprocess_engine_trains_and_matches_the_learner(tmp_path, tiny_m
     script = tmp_path / "tp_run.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", RAY_AUTH_MODE="disabled")
-    proc = subprocess.run([sys.executable, str(script), str(tiny_model), transport], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = json.loads(lines[-1][len("RESULT "):])
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(script), str(tiny_model), transport, str(result)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and result.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = json.loads(result.read_text())
     assert res["num_gpus_per_env_runner"] == 2  # the runner holds both of its engine's devices
     assert res["world_size"] == 2 and res["pickles"] is True
     assert res["version"] == res["learner_version"] >= 1

@@ -319,7 +319,7 @@ SCRIPT = textwrap.dedent("""
     import asyncio, json, multiprocessing, sys, threading
     import torch
 
-    def main(model_path):
+    def main(model_path, result_path):
         from rllib_spear.env_runners.engines.base import SamplingConfig
         from rllib_spear.env_runners.engines.hf_engine import HFEngine
         from rllib_spear.env_runners.engines.vllm_engine import VLLMEngine
@@ -394,10 +394,13 @@ SCRIPT = textwrap.dedent("""
         t.join()
         res["shutdown_errors"] = [type(e).__name__ + ": " + str(e) for e in box["errors"]]
         res["children_left"] = [p.name for p in multiprocessing.active_children()]
-        print("RESULT " + json.dumps(res), flush=True)
+        # A file, not stdout: the engine-core process writes to the same stdout, and a line of its
+        # can land inside ours.
+        with open(result_path, "w") as f:
+            json.dump(res, f)
 
     if __name__ == "__main__":
-        main(sys.argv[1])
+        main(sys.argv[1], sys.argv[2])
 """)
 
 
@@ -413,11 +416,11 @@ def test_engine_core_in_its_own_process(tmp_path, tiny_path):
     script.write_text(SCRIPT)
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="1",
                VLLM_CPU_KVCACHE_SPACE="1")
-    proc = subprocess.run([sys.executable, str(script), str(tiny_path)], env=env, cwd=tmp_path,
+    result = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(script), str(tiny_path), str(result)], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-6000:]
-    res = json.loads(lines[-1][len("RESULT "):])
+    assert proc.returncode == 0 and result.exists(), proc.stdout[-3000:] + proc.stderr[-6000:]
+    res = json.loads(result.read_text())
     assert res["own_process"] is True and res["pickles"] is True
     assert all(n > 0 for n in res["lengths"]) and res["agenerate_gap"] < 1e-5
     assert res["batch_reproducible"] is True  # a batch's requests join one step there too
