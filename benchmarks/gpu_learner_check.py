@@ -21,15 +21,18 @@ the HF engine -- whatever else is installed. One command, one JSON line per stag
    (micro-batched forward, masked token log-probs, the Clip-Cov policy loss, backward, global
    grad norm and clipping, AdamW step): tokens/s, MFU and the peak memory against the planner's
    figure for the same layout (``planning.learner.plan_learner``).
-4. ``fsdp_7b_cut``: the same for a Qwen2.5-7B-shaped model cut to the most layers whose plan fits
+4. ``fsdp_offload``: ``fsdp_1p5b`` with ``cpu_offload=True`` (shards, gradients and AdamW state
+   in host memory, the optimizer step on the CPU, the learner's offload mesh): the same figures,
+   and the first update's loss and grad norm against ``fsdp_1p5b``'s (same seed and batch).
+5. ``fsdp_7b_cut``: the same for a Qwen2.5-7B-shaped model cut to the most layers whose plan fits
    ``--fit-fraction`` of the GPU's memory (the planner chooses; the whole 7B does not fit one
    H200 with float32 master weights and AdamW).
-5. ``weight_sync``: the sender side of the weight sync on the sharded 1.5B model: every tensor
+6. ``weight_sync``: the sender side of the weight sync on the sharded 1.5B model: every tensor
    all-gathered one at a time (``models.sharding.iter_full_state``) and packed into flat host
    buffers (``weight_streaming.iter_buckets``), in float32 and in the engines' dtype (bf16):
    bytes and GB/s of each (the bf16 payload must be half), and, when ``iter_full_state`` can
    keep the tensors on the GPU (``device=None``), the gather-and-cast alone.
-6. ``hf_engine``: the HF engine (``env_runners/engines/hf_engine.py``) sampling from the bf16
+7. ``hf_engine``: the HF engine (``env_runners/engines/hf_engine.py``) sampling from the bf16
    1.5B-shaped model on the GPU: tokens/s, and the gap between the sampled tokens' log-probs and
    the same tokens re-scored by ``token_logprobs``.
 
@@ -39,7 +42,7 @@ the blocks, the head on the scored tokens only, causal attention 6 T^2 H d per r
 not the recomputation of activation checkpointing; ``--peak-tflops`` is the GPU's dense bf16
 peak (H200 / H100 SXM: 989).
 
-    python benchmarks/gpu_learner_check.py                    # GPU: every stage, under 8 minutes
+    python benchmarks/gpu_learner_check.py                    # GPU: every stage, about 2-3 minutes on an H200
     python benchmarks/gpu_learner_check.py --stages logprobs,fsdp_1p5b --out gpu.jsonl
     python benchmarks/gpu_learner_check.py --cpu-smoke        # CPU: every stage, tiny shapes
 
@@ -63,7 +66,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 BLOCKED = ("ray", "vllm")
-STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_7b_cut", "weight_sync", "hf_engine")
+STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_offload", "fsdp_7b_cut", "weight_sync", "hf_engine")
 #: The modules the stages use; none may import Ray or vLLM.
 RAY_FREE_MODULES = (
     "rllib_spear", "rllib_spear.registration",
@@ -185,19 +188,20 @@ def _hf_config(cfg: dict):
     return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
-def _layout():
+def _layout(cpu_offload: bool = False):
     """The learner layout the training stages run: one FSDP2 rank, bf16 compute over float32
-    master weights, activation checkpointing."""
+    master weights, activation checkpointing (and with ``cpu_offload`` the shards, gradients and
+    AdamW state in host memory)."""
     from rllib_spear.planning.layouts import LearnerLayout
 
     return LearnerLayout(sharding="fsdp", num_learners=1, mixed_precision="bf16", activation_checkpointing=True,
-                         weight_dtype="float32")
+                         weight_dtype="float32", cpu_offload=cpu_offload)
 
 
-def _plan(shape, a):
+def _plan(shape, a, cpu_offload: bool = False):
     from rllib_spear.planning.learner import plan_learner
 
-    return plan_learner(shape, _layout(), micro_batch_token_budget=a.budget, max_model_len=a.seq)
+    return plan_learner(shape, _layout(cpu_offload), micro_batch_token_budget=a.budget, max_model_len=a.seq)
 
 
 def _init_process_group(a, dev) -> None:
@@ -214,16 +218,24 @@ def _init_process_group(a, dev) -> None:
     dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
 
 
-def _sharded_model(a, dev, cfg: dict):
+def _sharded_model(a, dev, cfg: dict, cpu_offload: bool = False):
     """The learner's FSDP path on rank 0: build (random init, the library's loader), shard
-    (``shard_causal_lm``), fill the shards from the full state (``load_full_state_from_rank0``)."""
+    (``shard_causal_lm``), fill the shards from the full state (``load_full_state_from_rank0``).
+    ``cpu_offload``: as the learner does it (``learner_setup``): the full model in host memory,
+    sharded on ``offload_mesh`` (a group with a CPU backend beside NCCL) with FSDP2's CPU
+    offload. The random init runs on ``dev`` either way (the same seed then gives the same
+    weights: CPU and CUDA draw different streams), and the offloaded model moves to host first."""
     from rllib_spear.models.hf_policy import load_causal_lm
-    from rllib_spear.models.sharding import load_full_state_from_rank0, shard_causal_lm
+    from rllib_spear.models.sharding import load_full_state_from_rank0, offload_mesh, shard_causal_lm
 
     _init_process_group(a, dev)
     model = load_causal_lm(config=_hf_config(cfg), dtype="float32", gradient_checkpointing=True, device=dev)
+    if cpu_offload:
+        model.to("cpu")
+        _free(dev)  # the GPU copy's blocks: not the offloaded layout's memory
     full = dict(model.state_dict())
-    shard_causal_lm(model, mixed_precision="bf16")
+    mesh = offload_mesh(dev.type, cpu_offload=True) if cpu_offload else None
+    shard_causal_lm(model, mixed_precision="bf16", cpu_offload=cpu_offload, mesh=mesh)
     load_full_state_from_rank0(model, full, dev)
     del full
     return model
@@ -353,7 +365,7 @@ def stage_logprobs(a, dev, blocked: BlockImports) -> dict:
     return out
 
 
-def _train(a, dev, cfg: dict, name: str) -> dict:
+def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
     """Build the sharded model, train ``1 + --steps`` updates through ``update_core.LocalUpdate``
     on a synthetic batch, and measure them (the first is the warm-up)."""
     import torch
@@ -364,10 +376,10 @@ def _train(a, dev, cfg: dict, name: str) -> dict:
     from rllib_spear.models.shapes import ModelShape
 
     shape = ModelShape.from_config(cfg, name)
-    plan = _plan(shape, a)
+    plan = _plan(shape, a, cpu_offload)
     t0 = time.perf_counter()
     torch.manual_seed(0)
-    model = _sharded_model(a, dev, cfg)
+    model = _sharded_model(a, dev, cfg, cpu_offload)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_adamw(params, lr=1e-6, betas=(0.9, 0.999), weight_decay=0.01, sharded=True)
     # SPEAR's on-policy loss: Clip-Cov with clip-higher, token sums over a fixed length
@@ -395,7 +407,7 @@ def _train(a, dev, cfg: dict, name: str) -> dict:
     planned = plan.total / GIB
     out = {"ok": all(math.isfinite(r["grad_norm"]) and math.isfinite(r["total_loss"]) for r in [first] + results),
            "model": shape.summary(), "params": shape.num_params, "layers": shape.layers,
-           "layout": _layout().label() + " + bf16", "optimizer": f"AdamW ({adamw_implementation(optimizer)})",
+           "layout": _layout(cpu_offload).label() + " + bf16", "optimizer": f"AdamW ({adamw_implementation(optimizer)})",
            "rows": a.rows, "seq": a.seq, "micro_batch_token_budget": a.budget,
            "tokens_per_update": tokens, "seconds_per_update": secs, "update_seconds": times,
            "tokens_per_s": tokens / secs,
@@ -407,12 +419,49 @@ def _train(a, dev, cfg: dict, name: str) -> dict:
            "grad_norm": [r["grad_norm"] for r in [first] + results]}
     if peak["peak_reserved_gib"] is not None:
         out["reserved_over_planned"] = peak["peak_reserved_gib"] / planned
+    try:  # the offloaded state lives here
+        import psutil
+
+        out["host_rss_gib"] = psutil.Process().memory_info().rss / GIB
+    except ImportError:
+        out["host_rss_gib"] = None
     del update, optimizer, params, model
     return out
 
 
+#: the first losses and grad norms of ``fsdp_1p5b``, which ``fsdp_offload`` must reproduce
+_ON_DEVICE_RUN: dict = {}
+
+
 def stage_fsdp_1p5b(a, dev, blocked: BlockImports) -> dict:
-    return _train(a, dev, _model_config("Qwen2.5-1.5B-Instruct", a), "Qwen2.5-1.5B-Instruct (random init)")
+    out = _train(a, dev, _model_config("Qwen2.5-1.5B-Instruct", a), "Qwen2.5-1.5B-Instruct (random init)")
+    _ON_DEVICE_RUN.update(loss=out["loss"], grad_norm=out["grad_norm"])
+    return out
+
+
+def stage_fsdp_offload(a, dev, blocked: BlockImports) -> dict:
+    """``fsdp_1p5b`` with ``cpu_offload=True``: the shards, gradients and AdamW state in host
+    memory, the AdamW step on the CPU, the offload mesh's group ("cpu:gloo,cuda:nccl" on a GPU),
+    and the grad norm and clipping over offloaded shards (``global_grad_norm``'s staging path,
+    which a CPU mesh never takes). Same seed and batch as ``fsdp_1p5b``: the first update's loss
+    and grad norm (before any optimizer step) must equal that run's to ``--offload-tol``
+    (relative), and the later ones stay close (the AdamW step runs on other hardware)."""
+    out = _train(a, dev, _model_config("Qwen2.5-1.5B-Instruct", a), "Qwen2.5-1.5B-Instruct (random init)",
+                 cpu_offload=True)
+    if not _ON_DEVICE_RUN:
+        out["vs_on_device"] = None  # fsdp_1p5b did not run first
+        return out
+
+    def rel(x: list, y: list) -> list:
+        return [abs(p - q) / max(abs(q), 1e-12) for p, q in zip(x, y)]
+
+    loss_rel, norm_rel = rel(out["loss"], _ON_DEVICE_RUN["loss"]), rel(out["grad_norm"], _ON_DEVICE_RUN["grad_norm"])
+    out["vs_on_device"] = {"loss_rel_diff": loss_rel, "grad_norm_rel_diff": norm_rel}
+    if not (loss_rel and loss_rel[0] <= a.offload_tol and norm_rel[0] <= a.offload_tol):
+        out["ok"] = False
+        out["error"] = (f"the offloaded first update differs from the on-device one: loss {loss_rel[:1]}, "
+                        f"grad norm {norm_rel[:1]} (relative; tolerance {a.offload_tol})")
+    return out
 
 
 def choose_layers(shape_of: Callable[[int], Any], max_layers: int, budget_gib: float,
@@ -639,7 +688,7 @@ def stage_hf_engine(a, dev, blocked: BlockImports) -> dict:
 
 
 STAGE_FUNCS = {"imports": stage_imports, "logprobs": stage_logprobs, "fsdp_1p5b": stage_fsdp_1p5b,
-               "fsdp_7b_cut": stage_fsdp_7b_cut, "weight_sync": stage_weight_sync, "hf_engine": stage_hf_engine}
+               "fsdp_offload": stage_fsdp_offload, "fsdp_7b_cut": stage_fsdp_7b_cut, "weight_sync": stage_weight_sync, "hf_engine": stage_hf_engine}
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -657,6 +706,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lp-rows", type=int, default=4, help="rows of the log-prob comparison (GPU)")
     ap.add_argument("--logp-tol", type=float, default=0.25, help="max |chunked - naive| log-prob in bf16")
     ap.add_argument("--grad-tol", type=float, default=0.05, help="max relative gradient error in bf16")
+    ap.add_argument("--offload-tol", type=float, default=1e-3,
+                    help="max relative difference of the offloaded first update's loss and grad norm")
     ap.add_argument("--fit-fraction", type=float, default=0.8,
                     help="share of the GPU's memory the 7B cut's plan may use")
     ap.add_argument("--bucket-mb", type=float, default=512.0, help="weight-sync bucket size")

@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_learner_check.py"
-STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_7b_cut", "weight_sync", "hf_engine")
+STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_offload", "fsdp_7b_cut", "weight_sync", "hf_engine")
 
 #: What the GPU check runs: the learner's update core, loader, micro-batching and optimizer
 #: builder, sharding, planner, weight-sync sender, HF engine (and what they import).
@@ -150,6 +150,11 @@ def test_cpu_smoke_figures(smoke):
         r = by_stage[stage]
         assert r["tokens_per_s"] > 0 and r["planned_gib"] > 0 and r["layout"] == "fsdp x1 + AC + bf16"
         assert len(r["loss"]) == 2 and all(g > 0 for g in r["grad_norm"])  # warm-up + 1 timed update
+    off = by_stage["fsdp_offload"]
+    assert off["layout"] == "fsdp x1 + offload + AC + bf16" and len(off["loss"]) == 2
+    # same seed and batch as fsdp_1p5b: the first update (before any optimizer step) is the same
+    diff = off["vs_on_device"]
+    assert diff["loss_rel_diff"][0] <= 1e-3 and diff["grad_norm_rel_diff"][0] <= 1e-3, diff
     cut = by_stage["fsdp_7b_cut"]
     assert 1 <= cut["chosen_layers"] < cut["full_layers"] and cut["layers"] == cut["chosen_layers"]
     ws = by_stage["weight_sync"]
