@@ -14,8 +14,9 @@ weights get a new version (a seeded perturbation, not timed) and ``sync_weights`
 * ``driver_MB`` / ``runner_MB``: the peak RSS growth of the driver and of the runner during the
   sync (psutil, sampled every millisecond by a thread in each process; the runner's RSS counts
   the object-store pages it maps);
-* ``wire_MB``: the bytes one sync sends: the learner's fp32 tensors on every transport but
-  ``vllm``, which casts to the engine's dtype on the sender (its gloo backend's count).
+* ``wire_MB``: the bytes one sync sends: ``vllm`` and ``object_store`` cast to the engine's
+  dtype on the sender (the gloo backend's count; the bytes put in the store), ``collective``
+  too; ``shared_memory`` and ``driver`` hand over the learner's fp32 tensors.
 
 Transport ``vllm`` (vLLM's weight-transfer API) needs ``--engine vllm``; with a vLLM engine the
 runner's engine is built with the gloo transfer backend, and the other transports still run
@@ -167,6 +168,8 @@ def run_model(name: str, path: str, args) -> list[dict]:
                 wire = mb
                 if transport == "vllm":
                     wire = _one(algo.learner_group.foreach_learner(lambda l: l.vllm_transfer_sent_bytes())) / MIB
+                elif transport == "object_store":
+                    wire = _one(algo.learner_group.foreach_learner(lambda l: l.engine_stream_bytes())) / MIB
                 if rep:
                     times.append(dt)
                     drv.append(d_mb)

@@ -309,6 +309,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def weights_version(self) -> int:
         return self._weights_seq_no
 
+    def engine_weight_dtype(self) -> str | None:
+        """The dtype this runner's engine holds its weights in ("bfloat16", ...; None when the
+        engine does not say): the weight sync sends wider floating tensors in it."""
+        dtype = getattr(self.engine, "weight_dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
+
     def forget_weights_version(self) -> None:
         """The next weight sync is applied whatever version it carries. A restore can bring other
         weights under the version this runner holds (another run's checkpoint of the same

@@ -123,13 +123,15 @@ def test_dropped_bucket_fails_the_version_check(ray_session, tiny_model):
         algo.stop()
 
 
-def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model):
+@pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])
+def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model, engine_dtype):
     """Two FSDP learners: every rank gathers one bucket per call (rank 1 cuts the buckets from
-    placeholders), rank 0 puts them; the runners get exactly the gathered weights."""
+    placeholders in the wire dtype), rank 0 puts them; the runners get exactly the gathered
+    weights, cast to the engine's dtype on the learner (a bf16 engine: half the bytes)."""
     from rllib_spear import GRPOConfig
 
     cfg = (small_config(GRPOConfig, tiny_model)
-           .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.25)
+           .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.25, engine_kwargs={"dtype": engine_dtype})
            .learners(num_learners=2, num_cpus_per_learner=0.5, sharding="fsdp", weight_sync_transport="object_store",
                      weight_sync_bucket_mb=BUCKET_MB)
            .resources(num_cpus_for_main_process=0.25))
@@ -145,7 +147,12 @@ def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model):
         assert set(sd) == set(want)
         import torch
 
+        assert {t.dtype for t in sd.values()} == {getattr(torch, engine_dtype)}
         assert all(torch.equal(sd[k], want[k].to(sd[k].dtype)) for k in want)
+        put = next(b for b in (r.get() for r in algo.learner_group.foreach_learner(
+            lambda l: l.engine_stream_bytes()).result_or_errors) if b is not None)
+        fp32_bytes = sum(t.numel() * t.element_size() for t in want.values())
+        assert put * (2 if engine_dtype == "bfloat16" else 1) == fp32_bytes
     finally:
         algo.stop()
 

@@ -361,6 +361,43 @@ def test_learner_stream_equals_its_inference_state(lora):
     assert all(torch.equal(packed[k], want[k]) for k in want)
 
 
+def test_wire_dtype_narrows_floating_tensors_only():
+    from rllib_spear.algorithms.grpo.learner_state import wire_dtype_of
+
+    assert wire_dtype_of(torch.float32, torch.bfloat16) == torch.bfloat16  # fp32 masters -> bf16 engine
+    assert wire_dtype_of(torch.float32, torch.float16) == torch.float16
+    assert wire_dtype_of(torch.bfloat16, torch.float32) == torch.bfloat16  # never widened
+    assert wire_dtype_of(torch.float32, torch.float32) == torch.float32
+    assert wire_dtype_of(torch.int64, torch.bfloat16) == torch.int64  # integers travel as they are
+    assert wire_dtype_of(torch.float32, None) == torch.float32
+
+
+@pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}])
+def test_learner_stream_in_the_engine_dtype(lora):
+    """``iter_engine_weights(engine_dtype=bf16)``: every fp32 tensor arrives as exactly its bf16
+    cast (what the engine's own copy would give), half the bytes; a wider engine dtype changes
+    nothing (no copy)."""
+    from rllib_spear import GRPOConfig
+    from rllib_spear.algorithms.grpo.defaults import PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE
+    from rllib_spear.models.factory import tiny_model_path
+
+    spaces = (PLACEHOLDER_OBS_SPACE, PLACEHOLDER_ACTION_SPACE)
+    mc = {"model_path": tiny_model_path(), **({"lora": lora} if lora else {})}
+    learner = GRPOConfig().rl_module(model_config=mc).build_learner(
+        spaces={"default_policy": spaces, "__env__": spaces})
+    want = dict(learner.iter_engine_weights())
+    got = list(learner.iter_engine_weights(engine_dtype=torch.bfloat16))
+    assert [k for k, _ in got] == list(want)
+    for k, v in got:
+        assert v.dtype == torch.bfloat16 and want[k].dtype == torch.float32
+        assert torch.equal(v, want[k].to(torch.bfloat16))
+    fp32 = sum(v.numel() * v.element_size() for v in want.values())
+    assert sum(b.meta.nbytes for b in iter_buckets(iter(got), 2**16)) * 2 == fp32
+    if lora is None:  # the unmerged tensors themselves, uncopied
+        wide = dict(learner.iter_engine_weights(engine_dtype=torch.float64))
+        assert all(wide[k].data_ptr() == want[k].data_ptr() for k in want)
+
+
 def test_shared_memory_transport_refuses_lora_and_gpu_learners():
     from rllib_spear.algorithms.grpo.config import GRPOConfig
 

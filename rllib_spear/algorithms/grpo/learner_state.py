@@ -68,6 +68,22 @@ def _as_list(x) -> list:
     return [x] if isinstance(x, str) else list(x)
 
 
+def wire_dtype_of(tensor_dtype: torch.dtype, engine_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a tensor travels in to the engines: the engines' dtype for a floating tensor
+    that is wider (fp32 master weights to bf16 engines: half the bytes, the same values the
+    engine's own cast would give), else its own (integers, or an engine at least as wide: a
+    widening cast would only add bytes)."""
+    if (engine_dtype is not None and tensor_dtype.is_floating_point and engine_dtype.is_floating_point
+            and engine_dtype.itemsize < tensor_dtype.itemsize):
+        return engine_dtype
+    return tensor_dtype
+
+
+def _to_wire(t: torch.Tensor, engine_dtype: torch.dtype | None) -> torch.Tensor:
+    dtype = wire_dtype_of(t.dtype, engine_dtype)
+    return t if dtype == t.dtype else t.to(dtype)
+
+
 def _engine_state_dict(model, keep_vars: bool = False) -> dict:
     """The HF model's state dict as the engines load it: a tied ``lm_head.weight`` left out."""
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
@@ -85,6 +101,7 @@ class LearnerStateMixin:
     _engine_bucket_stream = None  # object store: the buckets still to put
     _engine_next_bucket = None  # object store: the bucket put by the next call
     _engine_weights_manifest = None  # object store: the refs put so far (rank 0 owns them)
+    _engine_stream_bytes = 0  # object store: bytes put for the last stream (in the wire dtype)
     _shared_weights = None  # shared memory: the blocks that hold the weights
 
     def engine_state(self) -> dict | None:
@@ -102,30 +119,34 @@ class LearnerStateMixin:
             return None
         return {COMPONENT_RL_MODULE: out, WEIGHTS_SEQ_NO: self.get_state(components=[])[WEIGHTS_SEQ_NO]}
 
-    def iter_engine_weights(self, placeholders: bool = False):
+    def iter_engine_weights(self, placeholders: bool = False, engine_dtype: torch.dtype | None = None):
         """(HF name, whole tensor) of the default module's inference weights, one tensor at a
         time, for the weight stream (docs/design.md "Weight streaming"). Under FSDP every rank
         must drain it (each tensor is all-gathered, ``models.sharding.iter_full_state``) and only
         rank 0 gets tensors (the others get None, or with ``placeholders`` an empty "meta"
-        tensor of the same shape and dtype, so that they can cut the same buckets); unsharded,
-        rank 0 yields the tensors as they are (no copy) and the other ranks nothing. The tied
-        ``lm_head.weight`` is left out. A LoRA module yields its merged weights (computed whole
-        first: the merge needs them)."""
+        tensor of the same shape and wire dtype, so that they can cut the same buckets);
+        unsharded, rank 0 yields the tensors as they are (no copy) and the other ranks nothing.
+        ``engine_dtype``: the engines' weight dtype; each floating tensor wider than it is cast
+        to it on the way (``wire_dtype_of``; one tensor at a time, on the learner's device). The
+        tied ``lm_head.weight`` is left out. A LoRA module yields its merged weights (computed
+        whole first: the merge needs them)."""
         from ...models.sharding import iter_full_state
 
         keep = rank() == 0
         rlm, model = self._engine_model()
         if model is not rlm.model:  # LoRA: the merged state (a collective under FSDP)
             merged = rlm.get_state(inference_only=True)
-            yield from ((k, v if keep or placeholders else None) for k, v in merged.items())
+            yield from ((k, _to_wire(v, engine_dtype) if keep or placeholders else None) for k, v in merged.items())
             return
         sd = _engine_state_dict(model)
         if not self.is_sharded:
             if keep:
-                yield from ((k, v.detach()) for k, v in sd.items())
+                yield from ((k, _to_wire(v.detach(), engine_dtype)) for k, v in sd.items())
             return
-        for (k, t), v in zip(iter_full_state(sd, keep=keep), sd.values()):
-            yield k, (torch.empty(v.shape, dtype=v.dtype, device="meta") if t is None and placeholders else t)
+        for k, v in sd.items():
+            wire = wire_dtype_of(v.dtype, engine_dtype)
+            (_, t), = iter_full_state({k: v}, keep=keep, dtype=None if wire == v.dtype else wire)
+            yield k, (torch.empty(v.shape, dtype=wire, device="meta") if t is None and placeholders else t)
 
     def _engine_model(self):
         """(the default module's RLModule, its HF model): what ``iter_engine_weights`` walks."""
@@ -182,14 +203,16 @@ class LearnerStateMixin:
 
         return int(self.get_state(components=[])[WEIGHTS_SEQ_NO])
 
-    def put_next_engine_bucket(self, bucket_bytes: int, start: bool = False):
+    def put_next_engine_bucket(self, bucket_bytes: int, start: bool = False, engine_dtype: str | None = None):
         """Transport "object_store", one bucket per call, so that the driver can forward each
         bucket to the runners while this learner puts the next (docs/design.md "Weight
         streaming"). ``start``: begin a new stream of the current weights (older unreleased refs
         are dropped). Every rank advances the stream by one bucket (under FSDP it gathers that
         bucket's tensors); rank 0 ``ray.put``s it and returns ``(version, meta, ref, last)``, the
         other ranks return None. ``last`` is True for the final bucket. Rank 0 keeps the refs
-        (it owns the objects) until :meth:`release_engine_weights`."""
+        (it owns the objects) until :meth:`release_engine_weights`. ``engine_dtype`` (with
+        ``start``; e.g. "bfloat16"): the engines' weight dtype, which wider floating tensors are
+        cast to before they are put (``iter_engine_weights``)."""
         from ...weight_streaming import WeightManifest, iter_buckets, put_bucket
 
         sender = rank() == 0
@@ -198,8 +221,10 @@ class LearnerStateMixin:
         if start:
             # unpacked: ray.put serialises each tensor straight into the store (one copy); the
             # other ranks cut the same buckets from placeholders, one gathered bucket per call
-            self._engine_bucket_stream = iter_buckets(self.iter_engine_weights(placeholders=True), bucket_bytes,
-                                                      pack=False)
+            dtype = getattr(torch, engine_dtype) if engine_dtype else None
+            self._engine_bucket_stream = iter_buckets(
+                self.iter_engine_weights(placeholders=True, engine_dtype=dtype), bucket_bytes, pack=False)
+            self._engine_stream_bytes = 0
             self._engine_weights_manifest = WeightManifest(self.weights_version()) if sender else None
             self._engine_next_bucket = next(self._engine_bucket_stream, None)
             if self._engine_next_bucket is None:
@@ -224,7 +249,13 @@ class LearnerStateMixin:
         man = self._engine_weights_manifest
         man.buckets.append(meta)
         man.refs.append(ref)
+        self._engine_stream_bytes += meta.nbytes
         return man.version, meta, ref, last
+
+    def engine_stream_bytes(self) -> int | None:
+        """Bytes rank 0 put in the object store for the last (or current) weight stream; None on
+        the other ranks."""
+        return self._engine_stream_bytes if rank() == 0 else None
 
     def release_engine_weights(self) -> None:
         """Drop the refs of the last stream of ``put_next_engine_bucket`` (the objects are freed
@@ -256,13 +287,16 @@ class LearnerStateMixin:
         self._weight_group_pending = None
         self._weight_group = join_group(group_id, world_size, store=store)
 
-    def broadcast_engine_weights(self, bucket_bytes: int):
+    def broadcast_engine_weights(self, bucket_bytes: int, engine_dtype: str | None = None):
         """Broadcast the weights bucket by bucket to the weight group (every rank takes part in
-        the gathers under FSDP; rank 0 sends); rank 0 returns (version, number of buckets)."""
+        the gathers under FSDP; rank 0 sends), wider floating tensors cast to ``engine_dtype``
+        (the engines' weight dtype, e.g. "bfloat16"); rank 0 returns (version, number of
+        buckets)."""
         from ...weight_streaming import iter_buckets
         from ...weight_streaming.collective import broadcast_buckets
 
-        buckets = iter_buckets(self.iter_engine_weights(), bucket_bytes)
+        dtype = getattr(torch, engine_dtype) if engine_dtype else None
+        buckets = iter_buckets(self.iter_engine_weights(engine_dtype=dtype), bucket_bytes)
         if rank() != 0:
             for _ in buckets:
                 pass

@@ -21,6 +21,9 @@ _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 _TRANSFER_GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 #: env-runner groups whose "vllm" transport fell back to the object store (said once).
 _FELL_BACK: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
+#: env-runner group -> the weight dtype its engines hold (asked once; a restarted runner builds
+#: its engine from the same config).
+_ENGINE_DTYPES: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 #: env-runner group -> {"runners", "why"}: whether "shared_memory" can run, for these runners.
 _SHARED_POSSIBLE: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
@@ -56,15 +59,17 @@ def _foreach_runner(env_runner_group: Any, fn) -> list:
     return env_runner_group.foreach_env_runner(fn, local_env_runner=False)
 
 
-def stream_learner_buckets(learner_group: Any, bucket_bytes: int) -> Iterator[tuple[int, Any, Any, bool]]:
+def stream_learner_buckets(learner_group: Any, bucket_bytes: int,
+                           engine_dtype: str | None = None) -> Iterator[tuple[int, Any, Any, bool]]:
     """Learner rank 0 puts the weights into the object store one bucket per call (every rank
     takes part under FSDP); yields ``(version, meta, ref, last)`` for each bucket as soon as it
     is in the store (refs and metadata: the driver never holds a tensor). The learner keeps the
-    refs until ``release_learner_buckets``."""
+    refs until ``release_learner_buckets``. ``engine_dtype``: the engines' weight dtype (wider
+    floating tensors are cast to it on the learner)."""
     start = True
     while True:
         version, meta, ref, last = _rank0_result(learner_group.foreach_learner(
-            lambda learner, s=start: learner.put_next_engine_bucket(bucket_bytes, start=s)))
+            lambda learner, s=start: learner.put_next_engine_bucket(bucket_bytes, start=s, engine_dtype=engine_dtype)))
         start = False
         yield version, meta, ref, last
         if last:
@@ -84,12 +89,27 @@ def send_bucket(env_runner_group: Any, version: int, meta: Any, ref: Any, last: 
                            runner.receive_weight_bucket(v, m, r, e))
 
 
+def engines_weight_dtype(env_runner_group: Any) -> str | None:
+    """The weight dtype every runner's engine holds (e.g. "bfloat16"), or None when they differ
+    or one cannot say (the learner then sends its own dtypes). Asked once per runner group."""
+    known = _ENGINE_DTYPES.get(env_runner_group)
+    if known is not None:
+        return known
+    dtypes = set(_foreach_runner(env_runner_group, lambda runner: runner.engine_weight_dtype()))
+    if len(dtypes) != 1 or None in dtypes:
+        return None
+    _ENGINE_DTYPES[env_runner_group] = dtype = dtypes.pop()
+    return dtype
+
+
 def object_store_sync(learner_group: Any, env_runner_group: Any, bucket_bytes: int) -> tuple[list[int], int]:
     """Transport "object_store", pipelined: the learner puts bucket k+1 while every runner
-    applies bucket k; returns (the runners' versions, the sent version)."""
+    applies bucket k, each bucket in the engines' weight dtype (fp32 master weights reach bf16
+    engines as half the bytes); returns (the runners' versions, the sent version)."""
     versions, version = [], None
+    wire = engines_weight_dtype(env_runner_group)
     try:
-        for version, meta, ref, last in stream_learner_buckets(learner_group, bucket_bytes):
+        for version, meta, ref, last in stream_learner_buckets(learner_group, bucket_bytes, wire):
             versions = send_bucket(env_runner_group, version, meta, ref, last)
     finally:
         release_learner_buckets(learner_group)
@@ -152,20 +172,22 @@ def _form_group(learner_group: Any, env_runner_group: Any) -> dict:
 
 def collective_sync(learner_group: Any, env_runner_group: Any, bucket_bytes: int) -> tuple[list[int], int]:
     """Transport "collective": (re-)form the weight group when its runners changed (a runner
-    restarted after a failure is in no group), then learner rank 0 broadcasts the buckets while
-    every runner receives and applies them; returns (the runners' versions, the sent version)."""
+    restarted after a failure is in no group), then learner rank 0 broadcasts the buckets (in
+    the engines' weight dtype) while every runner receives and applies them; returns (the
+    runners' versions, the sent version)."""
     ids = env_runner_group.foreach_env_runner(lambda runner: runner.weight_group_id(), local_env_runner=False)
     state = _GROUPS.get(env_runner_group)
     if state is None or state["group_id"] is None or ids != [state["group_id"]] * len(ids) \
             or len(ids) != state["size"]:
         _GROUPS.pop(env_runner_group, None)
         state = _GROUPS[env_runner_group] = _form_group(learner_group, env_runner_group)
+    wire = engines_weight_dtype(env_runner_group)
     try:
         sent: list = []
         versions = _run_async_on_runners(
             env_runner_group, lambda runner: runner.receive_weight_broadcast(),
             lambda: sent.append(_rank0_result(learner_group.foreach_learner(
-                lambda learner: learner.broadcast_engine_weights(bucket_bytes)))))
+                lambda learner: learner.broadcast_engine_weights(bucket_bytes, engine_dtype=wire)))))
     except Exception:
         _GROUPS.pop(env_runner_group, None)  # re-form on the next sync
         raise

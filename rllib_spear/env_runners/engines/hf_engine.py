@@ -213,6 +213,11 @@ class HFEngine(GenerationEngine):
             else (lambda seqs: tokenizer.batch_decode(seqs, skip_special_tokens=False))
         )
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the model holds its floating weights in (the weight sync sends in it)."""
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+
     # ------------------------------------------------------------------ generation
     @torch.inference_mode()
     def generate(
