@@ -573,17 +573,12 @@ def _host_copy_paths(state: dict, dev, bucket_bytes: int) -> dict:
     import torch
 
     from rllib_spear.models.sharding import iter_full_state
+    from rllib_spear.weight_streaming.buckets import iter_buckets
 
-    tensors = [t for _, t in iter_full_state(state, keep=True, dtype=torch.bfloat16, device=None)]
-    buckets: list[list] = [[]]
-    size = 0
-    for t in tensors:
-        n = t.numel() * t.element_size()
-        if buckets[-1] and size + n > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(t)
-        size += n
+    named = list(iter_full_state(state, keep=True, dtype=torch.bfloat16, device=None))
+    tensors = [t for _, t in named]
+    # the library's bucket cut (unpacked: the tensors as they are, on the device)
+    buckets = [[t for _, t in b.items] for b in iter_buckets(iter(named), bucket_bytes, pack=False)]
     total = sum(t.numel() * t.element_size() for t in tensors)
     biggest = max(sum(t.numel() * t.element_size() for t in b) for b in buckets)
 

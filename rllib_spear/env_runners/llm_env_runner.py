@@ -485,7 +485,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         sender casts to it)."""
         target = self if self.worker_index == 0 else ray.get_runtime_context().current_actor
         return {"target": target, "world_size": int(self.engine.world_size),
-                "dtype": str(self.engine.weight_dtype).removeprefix("torch.")}
+                "dtype": self.engine_weight_dtype()}
 
     def weight_transfer_group_id(self) -> str | None:
         """The transfer group this engine is in (None after a restart or a failed update)."""

@@ -119,19 +119,21 @@ class LearnerStateMixin:
             return None
         return {COMPONENT_RL_MODULE: out, WEIGHTS_SEQ_NO: self.get_state(components=[])[WEIGHTS_SEQ_NO]}
 
-    def iter_engine_weights(self, placeholders: bool = False, engine_dtype: torch.dtype | None = None):
+    def iter_engine_weights(self, placeholders: bool = False, engine_dtype: str | torch.dtype | None = None):
         """(HF name, whole tensor) of the default module's inference weights, one tensor at a
         time, for the weight stream (docs/design.md "Weight streaming"). Under FSDP every rank
         must drain it (each tensor is all-gathered, ``models.sharding.iter_full_state``) and only
         rank 0 gets tensors (the others get None, or with ``placeholders`` an empty "meta"
         tensor of the same shape and wire dtype, so that they can cut the same buckets);
         unsharded, rank 0 yields the tensors as they are (no copy) and the other ranks nothing.
-        ``engine_dtype``: the engines' weight dtype; each floating tensor wider than it is cast
-        to it on the way (``wire_dtype_of``; one tensor at a time, on the learner's device). The
+        ``engine_dtype``: the engines' weight dtype ("bfloat16" or a torch dtype); each floating
+        tensor wider than it is cast to it on the way (``wire_dtype_of``; one tensor at a time, on the learner's device). The
         tied ``lm_head.weight`` is left out. A LoRA module yields its merged weights (computed
         whole first: the merge needs them)."""
+        from ...models.dtypes import torch_dtype
         from ...models.sharding import iter_full_state
 
+        engine_dtype = None if engine_dtype is None else torch_dtype(engine_dtype)
         keep = rank() == 0
         rlm, model = self._engine_model()
         if model is not rlm.model:  # LoRA: the merged state (a collective under FSDP)
@@ -221,9 +223,8 @@ class LearnerStateMixin:
         if start:
             # unpacked: ray.put serialises each tensor straight into the store (one copy); the
             # other ranks cut the same buckets from placeholders, one gathered bucket per call
-            dtype = getattr(torch, engine_dtype) if engine_dtype else None
             self._engine_bucket_stream = iter_buckets(
-                self.iter_engine_weights(placeholders=True, engine_dtype=dtype), bucket_bytes, pack=False)
+                self.iter_engine_weights(placeholders=True, engine_dtype=engine_dtype), bucket_bytes, pack=False)
             self._engine_stream_bytes = 0
             self._engine_weights_manifest = WeightManifest(self.weights_version()) if sender else None
             self._engine_next_bucket = next(self._engine_bucket_stream, None)
@@ -295,8 +296,7 @@ class LearnerStateMixin:
         from ...weight_streaming import iter_buckets
         from ...weight_streaming.collective import broadcast_buckets
 
-        dtype = getattr(torch, engine_dtype) if engine_dtype else None
-        buckets = iter_buckets(self.iter_engine_weights(engine_dtype=dtype), bucket_bytes)
+        buckets = iter_buckets(self.iter_engine_weights(engine_dtype=engine_dtype), bucket_bytes)
         if rank() != 0:
             for _ in buckets:
                 pass
