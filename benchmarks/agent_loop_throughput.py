@@ -11,14 +11,17 @@ Both modes (``rollout_mode="turn_sync"``: ``MultiTurnRollout``; ``"async"``:
   in the same order, so they wait the same latencies;
 * ``zero``: no latency (the loop's own cost: BM25 search, tokenization, batching).
 
-Per mode: episodes/s and generated tokens/s (wall time of ``run``), the engine's idle time (share
-of the loop's span with no request in the engine), the engine calls (turn_sync: batched
-``generate`` calls; async: requests, and with the HF engine the batches its scheduler formed).
-Runs alternate between the modes; medians are reported. Targets on 2 cores: async >= 3x turn_sync
-episodes/s at the lognormal latency, >= 0.95x at zero.
+Per mode: episodes/s and generated tokens/s over all reps (episodes or tokens of every rep over
+their summed wall time of ``run``), the engine's idle time (share of the loop's span with no
+request in the engine), the engine calls (turn_sync: batched ``generate`` calls; async: requests,
+and with the HF engine the batches its scheduler formed). Runs alternate between the modes, rep
+``r`` samples with seed ``r`` in both. A zero-latency run lasts ~0.2 s and the two modes sample
+different (identically distributed) episodes for one seed, so one rep's ratio swings by +-20%:
+zero latency runs ``--zero-reps`` reps (40) and the ratio is over their totals. Targets on 2
+cores: async >= 3x turn_sync episodes/s at the lognormal latency, >= 0.95x at zero.
 
     .venv/bin/python benchmarks/agent_loop_throughput.py [--engine hf|vllm] [--model embedded|tiny|PATH]
-        [--tasks 8 --group 4 --max-new 48 --max-turns 3 --reps 2] [--latency lognormal,zero]
+        [--tasks 8 --group 4 --max-new 48 --max-turns 3 --reps 2 --zero-reps 40] [--latency lognormal,zero]
 
 ``--engine vllm`` needs the engine's async path (``VLLMEngine(async_engine=True)``); both modes
 then run on that one engine, so that only the loop differs. Without it the run says so and skips.
@@ -116,14 +119,18 @@ def run_once(rollout, tasks, args, seed):
 def bench(engine, tokenizer, tasks, args, latency, label):
     rollouts = {m: make_rollout(m, engine, tokenizer, args, latency) for m in MODES}
     res = {m: [] for m in MODES}
-    for rep in range(args.reps + 1):  # rep 0 warms up both modes
+    reps = args.reps if latency == "lognormal" else args.zero_reps
+    for rep in range(reps + 1):  # rep 0 warms up both modes
         order = MODES if rep % 2 == 0 else MODES[::-1]
         for m in order:
             r = run_once(rollouts[m], tasks, args, seed=rep)
             if rep:
                 res[m].append(r)
-    med = {m: {k: statistics.median(r[k] for r in res[m]) for k in ("eps", "tps", "idle", "idle_frac", "wall")}
-           for m in MODES}
+    med = {m: {k: statistics.median(r[k] for r in res[m]) for k in ("idle", "idle_frac", "wall")} for m in MODES}
+    for m in MODES:  # throughput over all reps: totals over the summed wall time
+        wall = sum(r["wall"] for r in res[m])
+        med[m]["eps"] = sum(r["episodes"] for r in res[m]) / wall
+        med[m]["tps"] = sum(r["tokens"] for r in res[m]) / wall
     for m in MODES:
         last = res[m][-1]
         batches = f", {last['batches']} batches" if m == "async" and last["batches"] is not None else ""
@@ -159,7 +166,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-turns", type=int, default=3)
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--max-response", type=int, default=512)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2, help="reps at the lognormal latency")
+    ap.add_argument("--zero-reps", type=int, default=40, help="reps at zero latency (short, noisy runs)")
     ap.add_argument("--latency", default="lognormal,zero", help="comma list of lognormal, zero")
     ap.add_argument("--median", type=float, default=0.1, help="lognormal median latency, s")
     ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
@@ -197,7 +205,8 @@ def main(argv=None) -> None:
     tasks = load_tasks("search_qa", "train")[: args.tasks]
     print(f"engine={args.engine} model={path} device={args.device} tasks={len(tasks)} x group={args.group} "
           f"max_new={args.max_new} max_turns={args.max_turns} torch threads={torch.get_num_threads()} "
-          f"latency={latencies} (lognormal median {args.median}s sigma {args.sigma}) reps={args.reps}")
+          f"latency={latencies} (lognormal median {args.median}s sigma {args.sigma}) reps={args.reps} "
+          f"zero-reps={args.zero_reps}")
     try:
         for latency in latencies:
             bench(engine, tokenizer, tasks, args, latency, f"{args.engine}, {latency}")

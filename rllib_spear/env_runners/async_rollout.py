@@ -38,7 +38,10 @@ time with at least one env step running; ``engine_calls`` counts requests (one p
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -112,7 +115,6 @@ class _Run:
         self.stats, self.pool = stats, pool
         self.engine, self.live, self.tools = _Gauge(), _Gauge(), _Gauge()
         self._marks = self._gauge_marks()
-        self._max_running0 = pool.max_running
 
     def _gauge_marks(self) -> tuple[float, float, float]:
         return self.engine.busy_s, self.tools.busy_s, self.live.area
@@ -169,6 +171,30 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         self.tool_timeout_s = None if tool_timeout_s is None else float(tool_timeout_s)
         # envs whose abandoned call still ran when their episode ended: never read, never reused
         self._untrusted: set[int] = set()
+        # the env steps' pool, kept across calls: starting a thread per episode on every call
+        # cost ~5 ms for 32 episodes, a few % of a short call (benchmarks/agent_loop_throughput.py)
+        self._pool: ToolPool | None = None
+        self._pool_lock = threading.Lock()
+        self._pool_demand = 0  # episodes of the calls running now (tool_concurrency None)
+
+    def _acquire_pool(self, episodes: int) -> ToolPool:
+        """The rollout's tool pool for a call of ``episodes`` episodes: ``tool_concurrency``
+        workers, or (None) one per episode of every call running now; shut down with the rollout."""
+        with self._pool_lock:
+            self._pool_demand += episodes
+            size = self.tool_concurrency or max(1, self._pool_demand)
+            if self._pool is None:
+                self._pool = ToolPool(size)
+                weakref.finalize(self, self._pool.shutdown)
+            else:
+                self._pool.grow(size)
+            if self._pool_demand == episodes:  # the only call running: its own counters
+                self._pool.reset_counters()
+            return self._pool
+
+    def _release_pool(self, episodes: int) -> None:
+        with self._pool_lock:
+            self._pool_demand -= episodes
 
     def run(
         self, tasks: Sequence[dict[str, Any]], group_size: int, policy_version: int = 0
@@ -182,7 +208,7 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         return trajs, stats
 
     async def _run_all(self, episodes: list[_Episode], stats: RolloutStats) -> None:
-        pool = ToolPool(self.tool_concurrency or max(1, len(episodes)))
+        pool = self._acquire_pool(len(episodes))
         run = _Run(stats, pool)
         t0 = time.perf_counter()
         seed = self.sampling.seed
@@ -190,8 +216,8 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
             # an engine failure ends the whole call, as in turn_sync
             await self._episodes_or_none(episodes, run, seed)
         finally:
-            pool.shutdown()
             run.close_window(time.perf_counter() - t0)
+            self._release_pool(len(episodes))
 
     async def arun_group(self, task: dict[str, Any], group_size: int, seed: int | None, run: "_Run",
                          policy_version: int = 0) -> list[Trajectory]:
@@ -224,7 +250,7 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         from ``seed_base`` (:func:`request_seed`)."""
         pending: ToolCall | None = None  # an abandoned env step that may still use ep.env
         pending_turn = -1
-        with run.live:
+        with run.live, self._batching_member():
             while not ep.done:
                 seed = request_seed(seed_base, index, ep.turns)
                 with run.engine:
@@ -242,6 +268,12 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
                     self._take_late(ep, pending, pending_turn, run.stats)
                 else:
                     self._untrusted.add(id(ep.env))
+
+    def _batching_member(self) -> Any:
+        """The engine's batching membership for one episode (engines/batching.py); a null
+        context for an engine that has none (a duck-typed engine)."""
+        member = getattr(self.engine, "batching_member", None)
+        return member() if member is not None else contextlib.nullcontext()
 
     async def _step(self, ep: _Episode, text: str, pending: ToolCall | None, pending_turn: int,
                     run: _Run) -> tuple[StepResult | None, ToolCall | None, int]:

@@ -125,6 +125,19 @@ class ToolPool:
             n = self._workers
         threading.Thread(target=self._work, name=f"rllib-spear-{self.name}-{n}", daemon=True).start()
 
+    def grow(self, size: int) -> None:
+        """Let up to ``size`` calls run at once (a pool never shrinks: its idle workers cost
+        nothing but their stacks)."""
+        with self._lock:
+            extra, self.size = max(0, int(size) - self.size), max(self.size, int(size))
+        for _ in range(extra):
+            self._spawn()
+
+    def reset_counters(self) -> None:
+        """Start ``max_running`` afresh (a pool reused by the next call of its loop)."""
+        with self._lock:
+            self.max_running = self.running
+
     def submit(self, fn: Callable[..., Any], *args: Any) -> ToolCall:
         """Queue ``fn(*args)``; call from the event loop that will await it."""
         if self._closed:

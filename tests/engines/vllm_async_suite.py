@@ -106,7 +106,8 @@ def test_engine_contract_holds_in_async_mode(async_engine, chat_prompts, origina
     check_engine_contract(async_engine, chat_prompts[:3], who="async vLLM")
 
 
-def test_concurrent_agenerate_complete_with_logprobs_of_a_rescore(async_engine, hf_engine, chat_prompts):
+def test_concurrent_agenerate_complete_with_logprobs_of_a_rescore(async_engine, hf_engine, chat_prompts, monkeypatch):
+    monkeypatch.setattr(async_engine, "per_request_seeds", True)  # seeded requests reproduce
     sc = SamplingConfig(max_new_tokens=12)
     free = asyncio.run(async_engine.agenerate(chat_prompts[3], SamplingConfig(max_new_tokens=6, seed=9), 12))
     stop_id = free.token_ids[2]
@@ -137,6 +138,52 @@ def test_concurrent_agenerate_complete_with_logprobs_of_a_rescore(async_engine, 
     assert alone.token_ids == outs[0].token_ids
     with pytest.raises(ValueError, match="empty"):
         asyncio.run(async_engine.agenerate([], sc, 4))
+
+
+def test_request_seeds_reach_vllm_only_with_per_request_seeds(async_engine, chat_prompts, monkeypatch):
+    """Default engines sample the async loop's requests from the workers' generator (vLLM's
+    batched sampler), as a batch of ``generate`` does; ``per_request_seeds`` passes each seed."""
+    seen, params = [], async_engine._params
+
+    def spy(sampling, max_tokens, seed, **extra):
+        seen.append(seed)
+        return params(sampling, max_tokens, seed, **extra)
+
+    monkeypatch.setattr(async_engine, "_params", spy)
+    monkeypatch.setattr(async_engine, "per_request_seeds", True)
+    sc = SamplingConfig(max_new_tokens=3, seed=11)
+    asyncio.run(async_engine.agenerate(chat_prompts[0], sc, 3, seed=5))
+    asyncio.run(async_engine.agenerate(chat_prompts[0], sc, 3))
+    monkeypatch.setattr(async_engine, "per_request_seeds", False)
+    out = asyncio.run(async_engine.agenerate(chat_prompts[0], sc, 3, seed=5))
+    assert seen == [5, 11, None] and len(out.token_ids) > 0
+
+
+def test_the_in_process_core_gathers_every_member_before_a_step_from_idle(async_engine, chat_prompts):
+    """Three episodes of the async loop are members; the third request comes 0.3 s after the
+    others. With a gather window far longer than that, only "every member has a request in" can
+    end the gather, and all three start in one step (vllm_async.py "Gathering")."""
+    core = async_engine.llm._core
+    window = core.gather_window_s, core.max_gather_s
+    core.gather_window_s, core.max_gather_s = 600.0, 600.0
+    sc = SamplingConfig(max_new_tokens=3)
+
+    async def episode(i, delay):
+        with async_engine.batching_member():
+            await asyncio.sleep(delay)
+            return await async_engine.agenerate(chat_prompts[i], sc, 3)
+
+    try:
+        bursts, full = core.bursts, core.bursts_of_all_members
+        async def three():
+            return await asyncio.wait_for(asyncio.gather(episode(0, 0.0), episode(1, 0.0), episode(2, 0.3)), 60)
+
+        outs = asyncio.run(three())
+        assert core.bursts == bursts + 1 and core.bursts_of_all_members == full + 1
+        assert all(len(o.token_ids) > 0 for o in outs)
+        assert async_engine.llm._members == 0
+    finally:
+        core.gather_window_s, core.max_gather_s = window
 
 
 def test_a_request_joins_the_running_batch(async_engine, chat_prompts):
@@ -188,10 +235,11 @@ def test_a_cancelled_request_leaves_the_engine(async_engine, chat_prompts):
     assert len(out.token_ids) > 0  # the engine serves on
 
 
-def test_seeded_requests_beyond_one_step_budget_are_not_chunked(async_engine, chat_prompts):
+def test_seeded_requests_beyond_one_step_budget_are_not_chunked(async_engine, chat_prompts, monkeypatch):
     """4 seeded prompts of 900 tokens arrive together (3600 > the 2048-token step budget). A
     chunked prefill would fail on vLLM's CPU sampler ("CPU Generator does not use offset"); with
     chunked prefill off (async mode on CPU) the prompts that do not fit wait for the next step."""
+    monkeypatch.setattr(async_engine, "per_request_seeds", True)
     assert async_engine.prefill_budget == 2048
     base = [t for p in chat_prompts for t in p]
     prompts = [(base * 40)[i * 7:i * 7 + 900] for i in range(4)]

@@ -5,6 +5,7 @@ batching scheduler."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 
 import numpy as np
@@ -168,6 +169,37 @@ def test_tool_calls_of_different_episodes_overlap(tok, concurrency):
         assert counter["max"] == 1 and stats.tool_calls_concurrent_max == 1
     assert stats.concurrent_episodes_max == 4 and 0 < stats.concurrent_episodes_mean <= 4
     assert len(stats.tool_latencies_s) == 8  # 4 episodes x 2 steps
+    eng.shutdown()
+
+
+def test_every_turn_is_one_batch_and_the_tool_pool_is_kept_across_calls(tok):
+    """The episodes are members of the engine's batching scheduler: with instant tools and a
+    gather window far longer than a turn, each turn of every episode still goes in one batch,
+    closed because every running episode waited (engines/batching.py). The env steps' pool is
+    the rollout's: the second call starts no thread, its counters are its own, and the pool shuts
+    down with the rollout."""
+    counter = new_counter()
+    eng = PromptFnEngine(tok.eos_token_id)
+    eng.gather_window_s, eng.max_gather_s = 30.0, 60.0
+    ro = AsyncMultiTurnRollout(eng, tok, lambda: ConcurrencyEnv(counter, delay=0.0, turns=3),
+                               SamplingConfig(max_new_tokens=8, seed=3), _config())
+    tasks = [{"uid": u, "question": u} for u in "abc"]
+    trajs, stats = ro.run(tasks, 2)
+    sched = eng.batching_scheduler()
+    assert all(t.rollout.error is None and t.num_steps == 3 for t in trajs)
+    assert sched.batches == 3 and sched.batches_of_all_members == 3 and sched.max_batch == 6
+
+    def tool_threads():
+        return sum(t.name.startswith("rllib-spear-tool-") for t in threading.enumerate())
+
+    pool, threads = ro._pool, tool_threads()
+    assert stats.tool_calls_concurrent_max >= 1 and pool.size == 6
+    trajs, stats = ro.run(tasks[:1], 1)
+    assert ro._pool is pool and tool_threads() == threads and stats.tool_calls_concurrent_max == 1
+    assert trajs[0].num_steps == 3 and sched.batches == 6
+    del ro, trajs
+    gc.collect()
+    assert pool._closed  # the rollout's finalizer shut it down
     eng.shutdown()
 
 

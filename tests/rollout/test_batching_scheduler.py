@@ -155,3 +155,58 @@ def test_engine_shutdown_stops_the_scheduler_thread_and_agenerate_restarts_it():
     out = asyncio.run(eng.agenerate([7], _sampling(), 3))
     assert out.token_ids[0] == 7 and eng.batching_scheduler() is not sched
     eng.shutdown()
+
+
+async def _member(sched, i, delay, submit=True):
+    """One episode of the async loop: a member while it runs; it submits after ``delay`` s, or
+    ends then without a request."""
+    with sched.member():
+        await asyncio.sleep(delay)
+        if submit:
+            return await sched.submit([i + 1], _sampling(), 4, seed=i)
+        return None
+
+
+def test_a_batch_waits_for_every_member_and_closes_once_all_wait():
+    eng = GateEngine()
+    # a window far longer than the test: only "every member waits" can close these batches
+    sched = BatchingScheduler(eng.generate, gather_window_s=600.0, max_gather_s=600.0)
+
+    async def main():
+        # the third member queues well after the others: the batch must not close without it
+        return await asyncio.wait_for(asyncio.gather(_member(sched, 0, 0.0), _member(sched, 1, 0.0),
+                                                     _member(sched, 2, 0.2)), 60)
+
+    outs = asyncio.run(main())
+    assert [c[0] for c in eng.calls] == [[[1], [2], [3]]]
+    assert [o.token_ids[0] for o in outs] == [1, 2, 3]
+    assert sched.batches == sched.batches_of_all_members == 1
+    sched.close()
+
+
+def test_a_member_that_ends_without_a_request_lets_the_batch_close():
+    eng = GateEngine()
+    sched = BatchingScheduler(eng.generate, gather_window_s=600.0, max_gather_s=600.0)
+
+    async def main():
+        return await asyncio.wait_for(asyncio.gather(_member(sched, 0, 0.0), _member(sched, 1, 0.0),
+                                                     _member(sched, 2, 0.2, submit=False)), 60)
+
+    outs = asyncio.run(main())
+    assert [c[0] for c in eng.calls] == [[[1], [2]]] and outs[2] is None
+    assert sched.batches_of_all_members == 1
+    sched.close()
+
+
+def test_requests_without_members_keep_the_gather_window():
+    eng = GateEngine()
+    sched = BatchingScheduler(eng.generate, gather_window_s=0.2, max_gather_s=5.0)
+
+    async def main():
+        first = asyncio.ensure_future(sched.submit([1], _sampling(), 4, seed=0))
+        await asyncio.sleep(0.05)  # inside the window: the same batch
+        return await asyncio.gather(first, sched.submit([2], _sampling(), 4, seed=1))
+
+    asyncio.run(main())
+    assert [c[0] for c in eng.calls] == [[[1], [2]]] and sched.batches_of_all_members == 0
+    sched.close()

@@ -21,7 +21,7 @@ import asyncio
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -113,6 +113,13 @@ class GenerationEngine(ABC):
         identically distributed to ``generate``'s, not identical). An engine with an async engine
         of its own (vLLM's ``AsyncLLM``) overrides it."""
         return await self.batching_scheduler().submit(prompt, sampling, max_new_tokens, seed)
+
+    def batching_member(self) -> ContextManager[None]:
+        """Held by each episode of the async loop while it runs, so that the default
+        :meth:`agenerate`'s scheduler closes a batch as soon as every running episode waits in
+        it (engines/batching.py). An engine with an async engine of its own returns a null
+        context."""
+        return self.batching_scheduler().member()
 
     def batching_scheduler(self) -> "BatchingScheduler":
         """The scheduler of the default :meth:`agenerate`, made on first use (its worker thread

@@ -24,14 +24,24 @@ core does the same with its utility calls). :meth:`AsyncLLMHandle.pause` freezes
 requests (``AsyncLLM``'s ``pause_generation(mode="keep")``): ``VLLMEngine`` holds it from the start
 of a weight update to its end, so no step runs on a half-loaded model; a batch ``generate`` holds
 it while it adds its requests, so they all join the same step, as in ``LLM.generate``.
+
+Gathering (in process only). The async agent loop's episodes hold :meth:`AsyncLLMHandle.member`
+while they run. When the in-process core is idle (no request running) and requests arrive, it
+waits for the rest of the burst before its first step: until every member has a request in the
+engine, at most ``gather_window_s`` after the last arrival (or a member's exit) and
+``max_gather_s`` after the first. Without it, the first request of a burst (the episodes of a
+batch coming back from instant tool calls) started a step alone and the others trickled into
+later ones. A running batch is never held: requests join it at the next step, as in ``AsyncLLM``,
+whose core in its own process steps as soon as it has a request.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 from concurrent.futures import Future
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterator, Sequence, TypeVar
 
 __all__ = ["AsyncLLMHandle", "build_handle"]
 
@@ -66,7 +76,7 @@ class _InprocCore:
 
     own_process = False
 
-    def __init__(self, llm: Any):
+    def __init__(self, llm: Any, gather_window_s: float = 0.003, max_gather_s: float = 0.05):
         self.llm = llm
         self.engine = llm.llm_engine
         self.api = llm  # vllm.LLM's synchronous API, called on the loop's thread
@@ -74,6 +84,12 @@ class _InprocCore:
         self.paused = False
         #: scheduler steps run so far (tests use it to place a request inside a running batch)
         self.steps = 0
+        #: steps that began a batch from idle, and those of them that waited for every member
+        self.bursts = 0
+        self.bursts_of_all_members = 0
+        self.gather_window_s, self.max_gather_s = float(gather_window_s), float(max_gather_s)
+        self.members: Callable[[], int] = lambda: 0  # set by the handle (AsyncLLMHandle.member)
+        self._last_news = 0.0  # loop time of the last arrival or member exit
         self._wake: asyncio.Event | None = None
         self._stepper: asyncio.Task | None = None
 
@@ -81,8 +97,32 @@ class _InprocCore:
         fut = asyncio.get_running_loop().create_future()
         self.engine.add_request(request_id, _engine_input(self.engine, prompt), _final_only(params))
         self.waiters[request_id] = fut
-        self._kick()
+        self.news()
         return fut
+
+    def news(self) -> None:
+        """A request arrived or a member left: a burst being gathered may be complete."""
+        self._last_news = asyncio.get_running_loop().time()
+        self._kick()
+
+    async def _gather(self) -> None:
+        """Before the first step from idle: wait for the rest of the burst (module doc)."""
+        members = self.members()
+        if members <= 0:
+            return
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        first = loop.time()
+        while len(self.waiters) < self.members() and not self.paused:
+            end = min(self._last_news + self.gather_window_s, first + self.max_gather_s)
+            if loop.time() >= end:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), end - loop.time())
+            except asyncio.TimeoutError:
+                return
+        self.bursts_of_all_members += 1
 
     async def abort(self, request_ids: Sequence[str]) -> None:
         live = [r for r in request_ids if self.waiters.pop(r, None) is not None]
@@ -109,11 +149,18 @@ class _InprocCore:
 
     async def _step_loop(self) -> None:
         assert self._wake is not None
+        idle = True  # the next step begins a batch
         while True:
             if self.paused or not self.engine.has_unfinished_requests():
                 self._wake.clear()
+                idle = idle or not self.engine.has_unfinished_requests()
                 await self._wake.wait()
                 continue
+            if idle:
+                idle = False
+                self.bursts += 1
+                await self._gather()
+                continue  # paused meanwhile, or a request was aborted: look again
             try:
                 outputs = self.engine.step()
             except Exception as e:  # the engine failed under these requests: they fail, not hang
@@ -223,6 +270,10 @@ class AsyncLLMHandle:
             raise
         self.own_process = bool(self._core.own_process)
         self.llm_engine = self._core.engine
+        self._members = 0  # episodes of the async loop running now (member())
+        self._members_lock = threading.Lock()
+        if hasattr(self._core, "members"):
+            self._core.members = lambda: self._members
 
     # ------------------------------------------------------------------ plumbing
     def _run(self, coro: Awaitable[T]) -> T:
@@ -302,6 +353,24 @@ class AsyncLLMHandle:
             if not self._closing:
                 await self._core.abort(ids)
             raise
+
+    @contextlib.contextmanager
+    def member(self) -> Iterator[None]:
+        """Held by one episode of the async agent loop while it runs: the in-process core
+        gathers a burst until every member's request is in (module doc). Thread-safe."""
+        with self._members_lock:
+            self._members += 1
+        try:
+            yield
+        finally:
+            with self._members_lock:
+                self._members -= 1
+            news = getattr(self._core, "news", None)
+            if news is not None and not self._closing:
+                try:
+                    self._loop.call_soon_threadsafe(news)
+                except RuntimeError:  # the loop is closed: nothing gathers any more
+                    pass
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompts: Sequence[Any], sampling_params: Sequence[Any] | Any,

@@ -17,13 +17,14 @@ batch, and every other method keeps its synchronous semantics.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import ContextManager, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -151,7 +152,8 @@ class VLLMEngine(GenerationEngine):
         seed: engine seed (each batch's sampling seed comes from ``SamplingConfig.seed``).
         per_request_seeds: give every request its own seed (reproducible per request whatever
             the batch around it, but vLLM's sampler then loops over per-request generators at
-            every decode step). Default: the workers' generator is seeded once per batch.
+            every decode step). Default: the workers' generator is seeded once per batch, and
+            an ``agenerate`` request draws from it (its seed is not passed to vLLM).
         max_model_len: context length; default ``min(config.max_position_embeddings, 4096)``.
         update_method: ``"reload"`` (vLLM ``reload_weights``, default) or ``"load_weights"``
             (``model.load_weights``; GPU only, the CPU backend pre-packs weights).
@@ -327,11 +329,21 @@ class VLLMEngine(GenerationEngine):
             raise RuntimeError(f"VLLMEngine: the request ended with finish_reason={comp.finish_reason!r}")
         return GenerationOutput(ids, lps, "stop" if comp.finish_reason == "stop" else "length")
 
+    def batching_member(self) -> ContextManager[None]:
+        """With ``async_engine``: a member of the async handle (vllm_async.py: the in-process
+        core gathers a burst of requests before it steps from idle); else the default batching's."""
+        if self.async_engine:
+            return self.llm.member() if self.llm is not None else contextlib.nullcontext()
+        return super().batching_member()
+
     async def agenerate(self, prompt: Sequence[int], sampling: SamplingConfig, max_new_tokens: int,
                         seed: int | None = None) -> GenerationOutput:
         """One request, awaited from the caller's event loop. With ``async_engine`` it joins the
-        running batch of vLLM's async engine at its next step, with the request's own ``seed``
-        (None: ``sampling.seed``; both None: it draws from the workers' generator); the output is
+        running batch of vLLM's async engine at its next step; with ``per_request_seeds`` it
+        samples with its own ``seed`` (None: ``sampling.seed``), else (the default, as a batch of
+        :meth:`generate` does) from the workers' generator: the requests of the async loop come
+        from timing-dependent batches anyway, and the per-request generators cost ~4% of a short
+        call at zero tool latency on CPU (benchmarks/agent_loop_throughput.py). The output is
         built as :meth:`generate` builds it. Without ``async_engine``: the default batching over
         :meth:`generate`."""
         if not self.async_engine:
@@ -345,6 +357,8 @@ class VLLMEngine(GenerationEngine):
         if len(prompt) == 0:
             raise ValueError("agenerate: the prompt is empty")
         seed = seed if seed is not None else sampling.seed
+        if not self.per_request_seeds:
+            seed = None
         params = self._params(sampling, cap, None if seed is None else int(seed) % 2**63)
         if self.llm is None:
             raise RuntimeError("VLLMEngine was shut down")
