@@ -15,7 +15,12 @@ only on the prompt, both modes give the same trajectories; with a sampling engin
 identically distributed (which requests share a batch depends on timing).
 
 Seeds: every request carries its own seed, :func:`request_seed` of (the call's sampling seed,
-episode index, turn), so a run is reproducible given the same engine outputs.
+episode index, turn), so a run is reproducible given the same engine outputs (what an engine does
+with it: engines/batching.py, and ``VLLMEngine``'s ``per_request_seeds``).
+
+Batching: each episode is a member of the engine's batching while it runs
+(``GenerationEngine.batching_member``), so the engine can start a batch as soon as every running
+episode waits for it rather than after a gather window.
 
 Tool timeouts (``tool_timeout_s``, None = no limit). A step still running after ``tool_timeout_s``
 (counted from when it started on a worker) becomes the observation ``"tool call timed out after
