@@ -85,7 +85,8 @@ class GenerationEngine(ABC):
 
     #: Version of the weights currently served (0 = initial weights).
     version: int = 0
-    #: The default ``agenerate``'s batching (engines/batching.py): a batch closes once no request
+    #: The default ``agenerate``'s batching (engines/batching.py; and the in-process vLLM core's
+    #: gathering, vllm_async.py): a batch closes once no request
     #: arrived for ``gather_window_s``, at the latest ``max_gather_s`` after its first request.
     gather_window_s: float = 0.003
     max_gather_s: float = 0.05
@@ -117,8 +118,8 @@ class GenerationEngine(ABC):
     def batching_member(self) -> ContextManager[None]:
         """Held by each episode of the async loop while it runs, so that the default
         :meth:`agenerate`'s scheduler closes a batch as soon as every running episode waits in
-        it (engines/batching.py). An engine with an async engine of its own returns a null
-        context."""
+        it (engines/batching.py). An engine with an async engine of its own overrides it
+        (``VLLMEngine``: its in-process core gathers a burst by it)."""
         return self.batching_scheduler().member()
 
     def batching_scheduler(self) -> "BatchingScheduler":

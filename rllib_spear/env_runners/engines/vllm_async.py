@@ -481,9 +481,11 @@ class AsyncLLMHandle:
         self._loop.close()
 
 
-def build_handle(model: str, *, own_process: bool, **engine_kwargs) -> AsyncLLMHandle:
+def build_handle(model: str, *, own_process: bool, gather: tuple[float, float] = (0.003, 0.05),
+                 **engine_kwargs) -> AsyncLLMHandle:
     """An :class:`AsyncLLMHandle` over ``model``: ``AsyncLLM`` (``own_process``) or the in-process
-    ``LLMEngine`` of ``vllm.LLM``. ``engine_kwargs`` are ``vllm.LLM``'s (vLLM's engine args)."""
+    ``LLMEngine`` of ``vllm.LLM``, whose gathering (module doc) uses ``gather`` =
+    (``gather_window_s``, ``max_gather_s``). ``engine_kwargs`` are ``vllm.LLM``'s (vLLM's engine args)."""
     if own_process:
         def make():
             from vllm.engine.arg_utils import AsyncEngineArgs
@@ -496,5 +498,5 @@ def build_handle(model: str, *, own_process: bool, **engine_kwargs) -> AsyncLLMH
         def make():
             from vllm import LLM
 
-            return _InprocCore(LLM(model=model, **engine_kwargs))
+            return _InprocCore(LLM(model=model, **engine_kwargs), *gather)
     return AsyncLLMHandle(make)

@@ -237,7 +237,9 @@ class VLLMEngine(GenerationEngine):
             from .vllm_async import build_handle
 
             own_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0"
-            self.llm = build_handle(self.model_path, own_process=own_process, **engine_args)
+            self.llm = build_handle(self.model_path, own_process=own_process, gather=(self.gather_window_s,
+                                                                                      self.max_gather_s),
+                                    **engine_args)
         else:
             self.llm = LLM(model=self.model_path, **engine_args)
         self.max_model_len = max_model_len
