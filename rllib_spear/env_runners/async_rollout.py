@@ -241,7 +241,16 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
     async def _episodes_or_none(self, episodes: list[_Episode], run: "_Run", seed: int | None) -> None:
         """Run the episodes concurrently; when one raises (the engine failed), cancel the
         others and re-raise: all of them finish, or none is used."""
-        tasks = [asyncio.ensure_future(self._episode(ep, i, run, seed)) for i, ep in enumerate(episodes)]
+        tasks = []
+        for i, ep in enumerate(episodes):
+            # every episode is a member of the engine's batching before any of them submits (a
+            # batch closed at the first request, while it was the only member, would cut the
+            # first turn in pieces); it leaves once its task is done, however that ends
+            member = self._batching_member()
+            member.__enter__()
+            task = asyncio.ensure_future(self._episode(ep, i, run, seed))
+            task.add_done_callback(lambda _task, member=member: member.__exit__(None, None, None))
+            tasks.append(task)
         try:
             await asyncio.gather(*tasks)
         except BaseException:
@@ -255,7 +264,7 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         from ``seed_base`` (:func:`request_seed`)."""
         pending: ToolCall | None = None  # an abandoned env step that may still use ep.env
         pending_turn = -1
-        with run.live, self._batching_member():
+        with run.live:
             while not ep.done:
                 seed = request_seed(seed_base, index, ep.turns)
                 with run.engine:
