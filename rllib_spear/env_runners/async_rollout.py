@@ -191,10 +191,8 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
             if self._pool is None:
                 self._pool = ToolPool(size)
                 weakref.finalize(self, self._pool.shutdown)
-            else:
+            else:  # its max_running was restarted when the last call's window closed (_Run)
                 self._pool.grow(size)
-            if self._pool_demand == episodes:  # the only call running: its own counters
-                self._pool.reset_counters()
             return self._pool
 
     def _release_pool(self, episodes: int) -> None:

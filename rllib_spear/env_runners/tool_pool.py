@@ -133,11 +133,6 @@ class ToolPool:
         for _ in range(extra):
             self._spawn()
 
-    def reset_counters(self) -> None:
-        """Start ``max_running`` afresh (a pool reused by the next call of its loop)."""
-        with self._lock:
-            self.max_running = self.running
-
     def submit(self, fn: Callable[..., Any], *args: Any) -> ToolCall:
         """Queue ``fn(*args)``; call from the event loop that will await it."""
         if self._closed:

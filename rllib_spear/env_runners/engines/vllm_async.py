@@ -76,7 +76,7 @@ class _InprocCore:
 
     own_process = False
 
-    def __init__(self, llm: Any, gather_window_s: float = 0.003, max_gather_s: float = 0.05):
+    def __init__(self, llm: Any, gather_window_s: float, max_gather_s: float):
         self.llm = llm
         self.engine = llm.llm_engine
         self.api = llm  # vllm.LLM's synchronous API, called on the loop's thread
@@ -481,7 +481,7 @@ class AsyncLLMHandle:
         self._loop.close()
 
 
-def build_handle(model: str, *, own_process: bool, gather: tuple[float, float] = (0.003, 0.05),
+def build_handle(model: str, *, own_process: bool, gather: tuple[float, float],
                  **engine_kwargs) -> AsyncLLMHandle:
     """An :class:`AsyncLLMHandle` over ``model``: ``AsyncLLM`` (``own_process``) or the in-process
     ``LLMEngine`` of ``vllm.LLM``, whose gathering (module doc) uses ``gather`` =
