@@ -16,6 +16,8 @@ import numpy as np
 __all__ = [
     "group_indices",
     "group_advantages",
+    "GROUP_STATS_OVER",
+    "step_row_advantages",
     "group_reward_stats",
     "discounted_step_returns",
     "step_peer_advantages",
@@ -24,6 +26,10 @@ __all__ = [
     "gigpo_advantages",
     "broadcast_step_advantages",
 ]
+
+#: Over what an outcome group's mean and std are taken (docs/algorithms.md 1.1): each trajectory
+#: once (the papers), or each step row (the released agent tree: a trajectory of K steps counts K times).
+GROUP_STATS_OVER = ("trajectories", "steps")
 
 #: GiGPO normalizations (docs/algorithms.md 3.5): subtract the group mean, or also divide by its std.
 GIGPO_MODES = ("mean_norm", "mean_std_norm")
@@ -113,15 +119,56 @@ def group_advantages(
     return adv
 
 
+def step_row_advantages(
+    row_scores: Sequence[Sequence[float] | np.ndarray],
+    uids: Sequence[Hashable],
+    *,
+    std_normalize: bool,
+    eps: float = 1e-6,
+) -> list[np.ndarray]:
+    """Outcome group advantage with the group statistics over step rows (docs/algorithms.md 1.1,
+    ``group_stats_over="steps"``: the released agent tree's ``compute_mean_std_cross_*=True``).
+
+    Trajectory i contributes one row per step, with scores ``s_{i,k}`` (its episode score, less
+    the penalty of that step where the caller splits one off, 3.5). The group g of a uid holds
+    every row of its trajectories, ``n_g = sum_i K_i`` values:
+
+        A_{i,k} = s_{i,k} - mean_g s                          (``std_normalize=False``)
+                = (s_{i,k} - mean_g s) / (std_g s + eps)      (std unbiased over the n_g rows)
+
+    so a trajectory of K steps weighs K times. As in :func:`group_advantages` (which this calls
+    on the flattened rows), a group of one row uses mean 0, std 1, and an all-equal group gets
+    exactly 0: "one row" counts rows, so a lone 1-step trajectory keeps its score while a lone
+    3-step trajectory with equal rows gets 0.
+
+    Returns one float64 array per trajectory, of the length of its ``row_scores``.
+    """
+    rows = [np.asarray(r, dtype=np.float64).reshape(-1) for r in row_scores]
+    uids = list(uids)
+    if len(uids) != len(rows):
+        raise ValueError(f"step_row_advantages: uids has {len(uids)} entries for {len(rows)} trajectories")
+    flat = np.concatenate(rows) if rows else np.zeros(0)
+    if flat.size == 0:
+        return [np.zeros(0) for _ in rows]
+    flat_uids = [u for u, r in zip(uids, rows) for _ in range(len(r))]
+    adv = group_advantages(flat, flat_uids, std_normalize=std_normalize, eps=eps)
+    return np.split(adv, np.cumsum([len(r) for r in rows])[:-1])
+
+
 def group_reward_stats(
     rewards: Sequence[float] | np.ndarray,
     uids: Sequence[Hashable],
     *,
     ddof: int = 0,
+    weights: Sequence[int] | None = None,
 ) -> dict[Hashable, tuple[float, float]]:
     """Per-group ``(mean, std)`` of the rewards, keyed by uid (order of first appearance).
 
     ``mean_g = sum R / n``; ``std_g = sqrt(sum (R - mean_g)^2 / (n - ddof))``.
+
+    ``weights`` (integers >= 0, one per reward): reward i counts ``w_i`` times, as the rows of a
+    trajectory of ``w_i`` steps do with ``group_stats_over="steps"`` (docs/algorithms.md 1.1):
+    ``mean_g = sum w R / n``, ``std_g = sqrt(sum w (R - mean_g)^2 / (n - ddof))``, ``n = sum w``.
 
     Used for the SIL baseline history (docs/algorithms.md 2.2, step 3). The default ``ddof=0``
     (population std) follows the released agent tree (verl-agent ``TrajectoryBufferBatch.update_batch`` uses
@@ -131,13 +178,17 @@ def group_reward_stats(
     r = _as_rewards(rewards, "group_reward_stats")
     if ddof not in (0, 1):
         raise ValueError(f"group_reward_stats: ddof must be 0 or 1, got {ddof}")
+    w = np.ones(len(r), np.int64) if weights is None else np.asarray(weights)
+    if w.shape != r.shape or (w.size and (not np.issubdtype(w.dtype, np.integer) or w.min() < 0)):
+        raise ValueError(f"group_reward_stats: weights must be {len(r)} integers >= 0, got {weights!r:.80}")
     out: dict[Hashable, tuple[float, float]] = {}
     for u, idx in group_indices(uids, len(r), "group_reward_stats").items():
-        if len(idx) <= ddof:
+        n = int(w[idx].sum())
+        if n <= ddof:
             raise ValueError(
-                f"group_reward_stats: group {u!r} has {len(idx)} reward(s); ddof={ddof} needs more"
+                f"group_reward_stats: group {u!r} has {n} reward(s); ddof={ddof} needs more"
             )
-        g = r[idx]
+        g = r[idx] if weights is None else np.repeat(r[idx], w[idx])
         out[u] = (float(g.mean()), float(g.std(ddof=ddof)))
     return out
 
@@ -287,37 +338,67 @@ def gigpo_advantages(
     step_weight: float = 1.0,
     mode: str = "mean_std_norm",
     eps: float = 1e-6,
+    step_penalties: Sequence[Sequence[float]] | None = None,
+    group_stats_over: str = "trajectories",
 ) -> list[np.ndarray]:
     """GiGPO per-step advantage (docs/algorithms.md 3.5): episode part plus weighted step part.
 
-    With g the group of trajectory i (its uid), ``R_i = episode_rewards[i]`` and
-    ``G_k(i) = sum_{j>=k} gamma^(j-k) r_j(i)`` over ``r = step_rewards[i]``
-    (``discounted_step_returns``):
+    With g the group of trajectory i (its uid), ``R_i = episode_rewards[i]`` (the episode score:
+    outcome, named bonus terms and environment rewards, without the step penalties),
+    ``r = step_rewards[i]`` (what the environment paid per step, outcome on the last step, no
+    bonus terms and no penalties) and ``p = step_penalties[i]`` (the penalty each step's action
+    was charged, e.g. -0.1 for an invalid action; zeros when None):
 
-        A_ep(i)   = R_i - mean_g R                     (mean_norm)
-                  = (R_i - mean_g R) / (std_g R + eps) (mean_std_norm, std unbiased)
-                    a singleton group keeps its score: mean 0, std 1 (``group_advantages``)
+        G_k(i)    = sum_{j>=k} gamma^(j-k) r_j(i) + p_k(i)        the penalty after discounting: its row only
+        A_ep(i,k) = norm_g(R_i + sum_j p_j(i))                    ``group_stats_over="trajectories"``: each trajectory once
+                  = norm_rows(R_i + p_k(i))                       ``"steps"``: over every step row of the group
         A_st_k(i) = gigpo_step_advantages(G, anchors, uids, mode)
-        A_k(i)    = A_ep(i) + step_weight * A_st_k(i)
+        A_k(i)    = A_ep(i,k) + step_weight * A_st_k(i)
 
-    The group means are over trajectories (each counts once); the released code takes them over
-    step rows, so a longer trajectory weighs more there (docs/algorithms.md 5). Float64, exact
-    zeros for all-equal groups (see ``gigpo_step_advantages``).
+    ``norm`` is ``x - mean`` (mean_norm) or ``(x - mean) / (std + eps)`` (mean_std_norm, std
+    unbiased); a group of one value uses mean 0, std 1 (:func:`group_advantages`,
+    :func:`step_row_advantages`). ``"steps"`` is the released agent tree (a trajectory of K steps
+    weighs K times, each row carries its own penalty); ``"trajectories"`` the paper's episode
+    advantage. Float64, exact zeros for all-equal groups (see ``gigpo_step_advantages``).
 
     Returns one float64 array per trajectory, one entry per step reward.
     """
     fn = "gigpo_advantages"
     r = _as_rewards(episode_rewards, fn)
     std_normalize = _check_mode(mode, fn)
+    if group_stats_over not in GROUP_STATS_OVER:
+        raise ValueError(f"{fn}: group_stats_over must be one of {list(GROUP_STATS_OVER)}, got {group_stats_over!r}")
     if len(step_rewards) != len(r):
         raise ValueError(f"{fn}: step_rewards has {len(step_rewards)} entries for {len(r)} episode_rewards")
     if (isinstance(step_weight, bool) or not isinstance(step_weight, (int, float, np.integer, np.floating))
             or not math.isfinite(step_weight) or step_weight < 0):
         raise ValueError(f"{fn}: step_weight must be a finite number >= 0, got {step_weight!r}")
-    a_ep = group_advantages(r, uids, std_normalize=std_normalize, eps=eps)
-    returns = [discounted_step_returns(x, gamma) for x in step_rewards]
+    pens = _step_penalties(step_penalties, step_rewards, fn)
+    if group_stats_over == "steps":
+        a_ep = step_row_advantages([r[i] + pens[i] for i in range(len(r))], uids,
+                                   std_normalize=std_normalize, eps=eps)
+    else:
+        totals = np.array([r[i] + math.fsum(pens[i]) for i in range(len(r))])
+        a_ep = list(group_advantages(totals, uids, std_normalize=std_normalize, eps=eps))
+    returns = [discounted_step_returns(x, gamma) + p for x, p in zip(step_rewards, pens)]
     a_st = gigpo_step_advantages(returns, anchors, uids, mode=mode, eps=eps)
     return [a_ep[i] + step_weight * a_st[i] for i in range(len(r))]
+
+
+def _step_penalties(step_penalties: Sequence[Sequence[float]] | None, step_rewards: Sequence[Sequence[float]],
+                    fn: str) -> list[np.ndarray]:
+    """One float64 array per trajectory, of its number of step rewards (zeros when None)."""
+    if step_penalties is None:
+        return [np.zeros(len(x)) for x in step_rewards]
+    if len(step_penalties) != len(step_rewards):
+        raise ValueError(f"{fn}: step_penalties has {len(step_penalties)} entries for {len(step_rewards)} trajectories")
+    out = []
+    for i, (p, x) in enumerate(zip(step_penalties, step_rewards)):
+        a = np.asarray(p, dtype=np.float64)
+        if a.shape != (len(x),) or not np.all(np.isfinite(a)):
+            raise ValueError(f"{fn}: step_penalties[{i}] must be {len(x)} finite numbers (one per step), got {p!r:.80}")
+        out.append(a)
+    return out
 
 
 def broadcast_step_advantages(token_steps: np.ndarray, step_advantages: Sequence[float] | np.ndarray

@@ -15,6 +15,7 @@ Three owners, three records, so that no stage reads another's keys with a permis
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -61,6 +62,11 @@ class EpisodeStats:
         found_entities_per_step: per step, indices of the gold entities its observation
             contained (repeats included; SPADER keeps first discoveries, 3.2).
         num_gold_entities: |GT| of the question (SPADER's normaliser, 3.2).
+        step_penalties: per step, the part of what that step paid (``StepResult.reward``) that
+            is a penalty on its action, as paid (an invalid action of a text game: -0.1; 0
+            elsewhere). GiGPO keeps it out of the discounted returns and charges it to its own
+            step only, as the released agent tree does (docs/algorithms.md 3.5); ``len`` may be
+            shorter than the number of steps (missing steps = 0).
 
     ``extra``: anything else the environment wants logged or kept (answer text, exec errors,
     sandbox backend...). Unknown keys given to :meth:`coerce` land here.
@@ -78,6 +84,7 @@ class EpisodeStats:
     recall: float | None = None
     found_entities_per_step: list[list[int]] | None = None
     num_gold_entities: int | None = None
+    step_penalties: list[float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     REQUIRED = ("success", "outcome_reward", "tool_calls", "queries_per_step", "format_ok", "has_answer")
@@ -121,6 +128,11 @@ class EpisodeStats:
             if not _is_int(self.num_gold_entities) or self.num_gold_entities < 0:
                 raise bad("num_gold_entities", "an integer >= 0 or None")
             self.num_gold_entities = int(self.num_gold_entities)
+        sp = self.step_penalties
+        if sp is not None:
+            if not isinstance(sp, (list, tuple)) or not all(_is_number(x) and math.isfinite(x) for x in sp):
+                raise bad("step_penalties", "a list of finite numbers (one per step)")
+            self.step_penalties = [float(x) for x in sp]
         if not isinstance(self.extra, dict):
             raise bad("extra", "a dict")
 

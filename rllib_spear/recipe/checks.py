@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .estimators import ADVANTAGE_ESTIMATORS
+from .estimators import ADVANTAGE_ESTIMATORS, check_group_stats_over
 from .filters import RESPONSE_FILTERS
 from .piece import ErrorFn
 from .rewards import REWARD_SHAPERS, resolve_reward_fns
@@ -31,6 +31,7 @@ def check_recipe(cfg: Any, err: ErrorFn) -> None:
                 pieces.append(registry.get(name))
             except ValueError as e:
                 err(f"`{key}`: {e}")
+    check_group_stats_over(cfg, err)
     for piece in pieces:
         piece.check(cfg, err)
     try:

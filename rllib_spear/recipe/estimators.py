@@ -18,13 +18,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..core.advantages import GIGPO_MODES, gigpo_advantages, group_advantages, step_peer_advantages
+from ..core.advantages import (GIGPO_MODES, GROUP_STATS_OVER, gigpo_advantages, group_advantages,
+                               group_reward_stats, step_peer_advantages, step_row_advantages)
 from ..core.trajectory import Trajectory
 from ..registry import Registry
 from .piece import ErrorFn, Piece, check_choice, piece_decorator
 
 __all__ = ["Advantages", "ADVANTAGE_ESTIMATORS", "register_advantage_estimator", "step_rewards_with_outcome",
-           "gigpo_anchors"]
+           "gigpo_anchors", "step_penalties", "env_step_rewards", "step_row_scores", "episode_advantages",
+           "check_group_stats_over"]
 
 ADVANTAGE_ESTIMATORS: Registry[Piece] = Registry(
     "advantage estimator", register_hint="rllib_spear.recipe.register_advantage_estimator")
@@ -33,10 +35,14 @@ ADVANTAGE_ESTIMATORS: Registry[Piece] = Registry(
 @dataclass
 class Advantages:
     """``token``: one array per trajectory, aligned with its ``input_ids`` (0 off assistant
-    tokens); ``episode``: R_i - mean of its group (float64, one per trajectory)."""
+    tokens); ``episode``: R_i - mean of its group (float64, one per trajectory; the mean over
+    step rows with ``group_stats_over="steps"``)."""
 
     token: list[np.ndarray]
     episode: np.ndarray
+    #: per trajectory, the advantage of each step (step-level estimators); what SIL's
+    #: ``sil_admission="step"`` reads (2.2). None for an outcome estimator.
+    step: list[np.ndarray] | None = None
 
 
 def register_advantage_estimator(name: str, *, defaults: dict[str, Any] | None = None,
@@ -46,17 +52,14 @@ def register_advantage_estimator(name: str, *, defaults: dict[str, Any] | None =
     return piece_decorator(ADVANTAGE_ESTIMATORS, name, defaults=defaults, validate=validate, override=override)
 
 
-def _episode_advantages(trajs: list[Trajectory]) -> np.ndarray:
-    rewards = np.array([t.total_reward for t in trajs], np.float64)
-    return group_advantages(rewards, [t.uid for t in trajs], std_normalize=False)
+def check_group_stats_over(cfg: Any, err: ErrorFn) -> None:
+    """``group_stats_over`` (docs/algorithms.md 1.1) is one of :data:`GROUP_STATS_OVER`."""
+    check_choice(cfg, err, "group_stats_over", GROUP_STATS_OVER)
 
 
-@register_advantage_estimator("grpo", defaults={"std_normalize_advantages": True})
-def grpo_advantages(trajs: list[Trajectory], cfg: Any) -> Advantages:
-    """Outcome advantage (1.1): A_i = (R_i - mean_g R) [/ (std_g R + eps)] on every assistant token."""
-    rewards = np.array([t.total_reward for t in trajs], np.float64)
-    adv = group_advantages(rewards, [t.uid for t in trajs], std_normalize=cfg.std_normalize_advantages)
-    return Advantages([t.token_advantages(float(a)) for t, a in zip(trajs, adv)], adv)
+def _stats_over(cfg: Any) -> str:
+    """The config's ``group_stats_over`` (a config built before the knob existed: trajectories)."""
+    return getattr(cfg, "group_stats_over", "trajectories")
 
 
 def step_rewards_with_outcome(t: Trajectory) -> list[float]:
@@ -66,6 +69,60 @@ def step_rewards_with_outcome(t: Trajectory) -> list[float]:
     r = r + [0.0] * max(0, t.num_steps - len(r))
     r[-1] += float(t.outcome_reward + sum(t.rewards.values()))
     return r
+
+
+def step_penalties(t: Trajectory, n_steps: int) -> list[float]:
+    """The penalty each of ``n_steps`` steps was charged (``EpisodeStats.step_penalties``; 0 for a
+    step the environment reported none for, and for a trajectory without stats)."""
+    p = [] if t.stats is None or t.stats.step_penalties is None else list(t.stats.step_penalties)
+    return (p + [0.0] * n_steps)[:n_steps]
+
+
+def env_step_rewards(t: Trajectory) -> list[float]:
+    """What the environment alone paid per step, penalties left out (docs/algorithms.md 3.5):
+    ``r_k = step_rewards_k - p_k``, the outcome added on the last step; the named bonus terms
+    (SPEAR's tool-call bonus) are not step rewards and stay out."""
+    r = [float(x) for x in t.step_rewards] or [0.0]
+    r = r + [0.0] * max(0, t.num_steps - len(r))
+    r = [x - p for x, p in zip(r, step_penalties(t, len(r)))]
+    r[-1] += float(t.outcome_reward)
+    return r
+
+
+def step_row_scores(t: Trajectory) -> list[float]:
+    """The episode score of each step row, as the released agent tree has it (3.5): the return
+    without penalties plus the penalty of that row, ``s_k = R - sum_j p_j + p_k``."""
+    n = len(step_rewards_with_outcome(t))
+    p = step_penalties(t, n)
+    base = t.total_reward - math.fsum(p)
+    return [base + x for x in p]
+
+
+def episode_advantages(trajs: list[Trajectory], cfg: Any) -> np.ndarray:
+    """What SIL admission reads (2.2): ``R_i - mean_g R``, with the mean over trajectories, or
+    over step rows (a trajectory of K steps counts K times) with ``group_stats_over="steps"``."""
+    rewards = np.array([t.total_reward for t in trajs], np.float64)
+    uids = [t.uid for t in trajs]
+    if _stats_over(cfg) != "steps":
+        return group_advantages(rewards, uids, std_normalize=False)
+    weights = [len(step_rewards_with_outcome(t)) for t in trajs]
+    means = group_reward_stats(rewards, uids, weights=weights)
+    return rewards - np.array([means[u][0] for u in uids])
+
+
+@register_advantage_estimator("grpo", defaults={"std_normalize_advantages": True})
+def grpo_advantages(trajs: list[Trajectory], cfg: Any) -> Advantages:
+    """Outcome advantage (1.1): A_i = (R_i - mean_g R) [/ (std_g R + eps)] on every assistant
+    token; with ``group_stats_over="steps"`` the group statistics are over step rows, each row
+    scored ``step_row_scores`` (the released agent tree), so step k's tokens get A_{i,k}."""
+    uids = [t.uid for t in trajs]
+    if _stats_over(cfg) == "steps":
+        rows = step_row_advantages([step_row_scores(t) for t in trajs], uids,
+                                   std_normalize=cfg.std_normalize_advantages)
+        return Advantages([t.token_advantages(a) for t, a in zip(trajs, rows)], episode_advantages(trajs, cfg))
+    rewards = np.array([t.total_reward for t in trajs], np.float64)
+    adv = group_advantages(rewards, uids, std_normalize=cfg.std_normalize_advantages)
+    return Advantages([t.token_advantages(float(a)) for t, a in zip(trajs, adv)], adv)
 
 
 def _check_gamma(cfg: Any, err: ErrorFn) -> None:
@@ -82,7 +139,8 @@ def spa_advantages(trajs: list[Trajectory], cfg: Any) -> Advantages:
     step_adv = step_peer_advantages(per_step, [t.uid for t in trajs], gamma=cfg.spa_gamma)
     for t, a in zip(trajs, step_adv):
         t.derived["step_advantages"] = [float(x) for x in a]
-    return Advantages([t.token_advantages(a) for t, a in zip(trajs, step_adv)], _episode_advantages(trajs))
+    return Advantages([t.token_advantages(a) for t, a in zip(trajs, step_adv)], episode_advantages(trajs, cfg),
+                      step=[np.asarray(a, np.float64) for a in step_adv])
 
 
 def gigpo_anchors(t: Trajectory, n_steps: int) -> list[Hashable | None]:
@@ -125,13 +183,22 @@ def _check_gigpo(cfg: Any, err: ErrorFn) -> None:
 def gigpo_advantages_estimator(trajs: list[Trajectory], cfg: Any) -> Advantages:
     """GiGPO (3.5): the episode advantage of R_i in its uid group plus ``gigpo_step_weight`` times
     the step advantage of the discounted return G_k in its anchor-state group (steps of the same
-    uid acting from the same state, ``gigpo_anchors``), normalized by ``gigpo_mode``. The
-    episode-level terms (outcome, named components) are paid on the last step. Writes
-    ``derived["step_advantages"]`` on each trajectory."""
-    per_step = [step_rewards_with_outcome(t) for t in trajs]
+    uid acting from the same state, ``gigpo_anchors``), normalized by ``gigpo_mode``.
+
+    As in the released agent tree, G_k reads the environment's rewards alone
+    (``env_step_rewards``: the outcome on the last step, no bonus terms, no penalties) and each
+    step's penalty (``EpisodeStats.step_penalties``) is charged to that step only, after
+    discounting; the bonus terms enter the episode score. ``group_stats_over`` decides whether
+    the episode group's statistics are over trajectories or over step rows (each row scored with
+    its own penalty). Writes ``derived["step_advantages"]`` on each trajectory."""
+    env_rewards = [env_step_rewards(t) for t in trajs]
+    pens = [step_penalties(t, len(r)) for t, r in zip(trajs, env_rewards)]
+    scores = [t.total_reward - math.fsum(p) for t, p in zip(trajs, pens)]
     adv = gigpo_advantages(
-        [t.total_reward for t in trajs], per_step, [gigpo_anchors(t, len(r)) for t, r in zip(trajs, per_step)],
-        [t.uid for t in trajs], gamma=cfg.gigpo_gamma, step_weight=cfg.gigpo_step_weight, mode=cfg.gigpo_mode)
+        scores, env_rewards, [gigpo_anchors(t, len(r)) for t, r in zip(trajs, env_rewards)],
+        [t.uid for t in trajs], gamma=cfg.gigpo_gamma, step_weight=cfg.gigpo_step_weight, mode=cfg.gigpo_mode,
+        step_penalties=pens, group_stats_over=_stats_over(cfg))
     for t, a in zip(trajs, adv):
         t.derived["step_advantages"] = [float(x) for x in a]
-    return Advantages([t.token_advantages(a) for t, a in zip(trajs, adv)], _episode_advantages(trajs))
+    return Advantages([t.token_advantages(a) for t, a in zip(trajs, adv)], episode_advantages(trajs, cfg),
+                      step=[np.asarray(a, np.float64) for a in adv])

@@ -70,7 +70,7 @@ class Recipe:
                      step: int, replay: ReplayPlan) -> Metrics:
         if self.sil is None:
             return {}
-        out = {("spear", k): v for k, v in self.sil.admit(trajs, adv.episode, kept.filtered, step).items()}
+        out = {("spear", k): v for k, v in self.sil.admit(trajs, adv.episode, kept.filtered, step, adv.step).items()}
         out[("spear", "sil_weight")] = replay.weight
         return out
 

@@ -24,6 +24,7 @@ from ..core.advantages import group_reward_stats
 from ..core.schedules import sil_weight
 from ..core.trajectory import Trajectory
 from .batching import LearnerRow
+from .estimators import step_rewards_with_outcome
 from .piece import ErrorFn, check_choice, check_ints, check_numbers
 from .sil_buffer import SILBatch, SILReplayBuffer
 from .sil_spec import DEFAULT_REPLAY_BUFFER_CONFIG, build_sil_buffer, check_replay_buffer_config
@@ -46,6 +47,11 @@ SIL_DEFAULTS: dict[str, Any] = {
     "sil_require_tool_call": False,
     "sil_keep_zero": True,  # agent: keep A~ >= 0; math: > 0
     "sil_std_normalize": False,
+    # what admission reads (2.2): "episode" (A_i = R_i - mean_g R > 0, the papers and the verl
+    # tree) or "step" (each step whose step-level advantage, GiGPO's combined one, is > 0; the
+    # released agent tree's hybrid trainer admits step rows so); the group means and stds of the
+    # baseline follow group_stats_over
+    "sil_admission": "episode",
     # 2.3 SIL loss weight and combination
     "sil_update": "sequential",  # "sequential" (released) | "joint" (paper)
     "sil_kappa": 1.0,
@@ -61,11 +67,41 @@ def validate_sil(cfg: Any, err: ErrorFn) -> None:
     """The SIL knobs (checked whether or not SIL is on: a bad value is a bad value)."""
     check_choice(cfg, err, "sil_trigger", ("burst", "continuous"))
     check_choice(cfg, err, "sil_update", ("sequential", "joint"))
+    check_choice(cfg, err, "sil_admission", ("episode", "step"))
     if not (0 <= cfg.sil_tolerate_steps <= 10):
         err(f"`sil_tolerate_steps` must be in [0, 10] (the released code clamps at 10), got {cfg.sil_tolerate_steps!r}")
     check_ints(cfg, err, ("sil_weight_steps", "sil_capacity", "sil_baseline_buffer_size", "sil_replay_batch_size"), 1)
     check_numbers(cfg, err, ("sil_kappa",))
     check_replay_buffer_config(cfg, err)
+
+
+def _admit_steps(trajs: list[Trajectory], step_adv: list[np.ndarray] | None
+                 ) -> tuple[list[Trajectory], list[float]]:
+    """``sil_admission="step"``: a copy of each trajectory that records its steps of positive
+    step advantage (``derived["sil_steps"]``), and as its admission value the largest of them
+    (> 0 exactly when some step is admitted)."""
+    if step_adv is None:
+        raise ValueError("sil_admission='step' admits steps by their step advantage, which this advantage "
+                         "estimator does not give: use advantage_estimator='gigpo' (or 'spa'), or "
+                         "sil_admission='episode'")
+    out, values = [], []
+    for t, a in zip(trajs, step_adv):
+        pos = [k for k, x in enumerate(np.asarray(a, np.float64)) if x > 0.0]
+        copy = Trajectory.from_dict(t.to_dict())
+        copy.derived["sil_steps"] = pos
+        out.append(copy)
+        values.append(float(max(a[k] for k in pos)) if pos else 0.0)
+    return out, values
+
+
+def _replay_mask(t: Trajectory) -> np.ndarray:
+    """The loss mask of a replayed trajectory: all its assistant tokens, or those of the steps
+    it was admitted with (``derived["sil_steps"]``, ``sil_admission="step"``)."""
+    mask = t.loss_mask()
+    steps = t.derived.get("sil_steps")
+    if steps is None:
+        return mask
+    return mask * np.isin(t.token_steps(), np.asarray(steps, np.int64)).astype(np.float32)
 
 
 @dataclass
@@ -89,7 +125,7 @@ class SelfImitation:
     def replay_rows(self, step: int) -> ReplayPlan:
         """(a): sample before this step's batch is added; w_SIL(t) = sil_weight(t) (2.3)."""
         w = sil_weight(step, self.cfg.sil_kappa, self.cfg.sil_weight_steps)
-        rows = [LearnerRow(t, t.token_advantages(a), t.loss_mask(), is_replay=True, loss_weight=w)
+        rows = [LearnerRow(t, t.token_advantages(a), _replay_mask(t), is_replay=True, loss_weight=w)
                 for t, a in self._replay(step)]
         return ReplayPlan(rows, w, self.cfg.sil_update == "joint")
 
@@ -107,9 +143,19 @@ class SelfImitation:
         return pairs
 
     def admit(self, trajs: list[Trajectory], episode_adv: np.ndarray, filtered: list[bool],
-              step: int) -> dict[str, float]:
-        """(b)+(c): evict stale entries, record baselines, admit positive-advantage trajectories."""
-        stats = group_reward_stats([t.total_reward for t in trajs], [t.uid for t in trajs])
+              step: int, step_adv: list[np.ndarray] | None = None) -> dict[str, float]:
+        """(b)+(c): evict stale entries, record baselines, admit positive-advantage trajectories.
+
+        The baseline's group statistics are over trajectories, or over step rows (a trajectory
+        of K steps counts K times) with ``group_stats_over="steps"``. With
+        ``sil_admission="step"`` a trajectory is admitted with the steps whose step advantage
+        (``step_adv``) is > 0, and only those steps are replayed (``derived["sil_steps"]``)."""
+        weights = None
+        if getattr(self.cfg, "group_stats_over", "trajectories") == "steps":
+            weights = [len(step_rewards_with_outcome(t)) for t in trajs]
+        stats = group_reward_stats([t.total_reward for t in trajs], [t.uid for t in trajs], weights=weights)
+        if self.cfg.sil_admission == "step":
+            trajs, episode_adv = _admit_steps(trajs, step_adv)
         self.buffer.add(SILBatch(trajs, [float(a) for a in episode_adv], step,
                                  group_means=[v[0] for v in stats.values()],
                                  group_stds=[v[1] for v in stats.values()], loss_masks_zeroed=filtered))

@@ -24,6 +24,9 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     # the recipe: which registered pieces run (rllib_spear/recipe)
     # "grpo" (outcome, 1.1), "spa" (SPADER step-wise peer, 3.3), "gigpo" (GiGPO, 3.5), or registered
     "advantage_estimator": "grpo",
+    # the outcome group's mean and std (docs/algorithms.md 1.1): over "trajectories" (each once,
+    # the papers) or over "steps" (each step row, the released agent tree); grpo, gigpo and SIL
+    "group_stats_over": "trajectories",
     "reward_shapers": (),  # e.g. ("tool_call_bonus",) (SPEAR 2.1), ("spader_diversity",) (3.2)
     "reward_fns": (),  # user reward functions fn(task, response, stats) -> float, or registered names
     # policy loss (1.2 - 1.4, 1.6)
