@@ -158,22 +158,55 @@ def _example_messages(env: Any) -> list[dict[str, Any]] | None:
         return None
 
 
+def static_system_prompt(spec: Any, env_config: Mapping[str, Any]) -> str | None:
+    """The system prompt of env ``spec`` read without building it: ``env_config["system_prompt"]``,
+    else the class's own string (a class attribute ``system_prompt``, or the default of its
+    ``system_prompt`` keyword); None when only an instance can say (a property computed from
+    the constructor's arguments, a factory)."""
+    import inspect
+
+    from .envs import resolve_env
+
+    given = env_config.get("system_prompt")
+    if isinstance(given, str) and given:
+        return given
+    cls = resolve_env(spec).env_cls  # imports the class; builds nothing
+    if cls is None:
+        return None
+    attr = inspect.getattr_static(cls, "system_prompt", None)
+    if isinstance(attr, str) and attr:
+        return attr
+    try:
+        param = inspect.signature(cls).parameters.get("system_prompt")
+    except (TypeError, ValueError):
+        return None
+    default = None if param is None else param.default
+    return default if isinstance(default, str) and default else None
+
+
 def prompt_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
     """How a policy trained with ``config`` (an AlgorithmConfig's state, or the config) was
-    prompted: the env and its env_config, the system prompt the env writes (from an instance of
-    the env), the tool-call parser and tag, tool schemas, the observation template and the
-    sampling settings, and a note on the chat template. An env that cannot be built here (a
-    corpus or sandbox missing on this machine) leaves ``system_prompt`` None and says why."""
+    prompted: the env and its env_config, the system prompt the env writes, the tool-call
+    parser and tag, tool schemas, the observation template and the sampling settings, and a
+    note on the chat template. The system prompt is read without building the env where the
+    config or the class says it (:func:`static_system_prompt`); the rest (and the prompt of an
+    env that computes it) comes from an instance. An env that cannot be built here (a corpus or
+    sandbox missing on this machine) keeps the prompt read statically, else leaves
+    ``system_prompt`` None, and says why."""
     if not isinstance(config, Mapping):
         config = vars(config)
     env_config = dict(config.get("env_config") or {})
     meta: dict[str, Any] = {"env": _spec_name(config.get("env")), "env_config": env_config}
     try:
+        static = static_system_prompt(config.get("env"), env_config)
+    except Exception:  # noqa: BLE001 - an unknown env: the build below says why
+        static = None
+    try:
         from .envs import make_env
 
         env = make_env(config.get("env"), **env_config)
     except Exception as e:  # noqa: BLE001 - the export itself must not depend on the env's resources
-        meta.update(env_class=None, system_prompt=None, system_prompt_error=f"{type(e).__name__}: {e}")
+        meta.update(env_class=None, system_prompt=static, system_prompt_error=f"{type(e).__name__}: {e}")
     else:
         meta.update(env_class=f"{type(env).__module__}.{type(env).__qualname__}",
                     system_prompt=getattr(env, "system_prompt", None),

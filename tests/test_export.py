@@ -155,3 +155,28 @@ def test_a_corrupted_checkpoint_is_refused_naming_the_file(tiny_model, tmp_path,
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert rel in err and "Traceback" not in err, err
+
+
+def test_prompt_metadata_reads_the_system_prompt_without_building_the_env():
+    """An env whose resources are missing here (its constructor raises): the system prompt is
+    still read, from env_config or from the class, without an instance."""
+    from rllib_spear.envs import ToolEnv
+
+    class NeedsCorpus(ToolEnv):
+        def __init__(self, system_prompt: str = "Search with <search>q</search>.", corpus_path: str = "/nowhere"):
+            raise FileNotFoundError(f"corpus {corpus_path} is missing")
+
+        def reset(self, task):
+            return []
+
+        def step(self, assistant_text):
+            raise NotImplementedError
+
+        def episode_stats(self):
+            raise NotImplementedError
+
+    meta = prompt_metadata({"env": NeedsCorpus, "env_config": {}})
+    assert meta["system_prompt"] == "Search with <search>q</search>."
+    assert "is missing" in meta["system_prompt_error"]
+    meta = prompt_metadata({"env": NeedsCorpus, "env_config": {"system_prompt": "Mine."}})
+    assert meta["system_prompt"] == "Mine."

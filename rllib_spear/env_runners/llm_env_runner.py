@@ -146,6 +146,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 max_response_tokens=cfg.max_response_tokens,
                 max_observation_tokens=cfg.max_observation_tokens,
                 observation_template=cfg.observation_template,
+                # the sample layout (docs/design.md "Sample layouts: full and window"); evaluation
+                # shares this config, so it samples in the same layout
+                step_context=getattr(cfg, "step_context", "full"),
+                history_steps=int(getattr(cfg, "history_steps", 2)),
+                max_prompt_tokens=getattr(cfg, "max_prompt_tokens", None),
             ),
         )
         self._sample_calls = 0
@@ -253,7 +258,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         return 0 if stream is None else stream.stop()
 
     def evaluate_groups(self, *, tasks: Sequence[dict], group_size: int,
-                        sampling: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                        sampling: Mapping[str, Any] | None = None, eval_key: int | None = None) -> dict[str, Any]:
         """Run ``group_size`` (n) episodes for each task with the training sampling parameters
         overridden by ``sampling`` (keys of ``EVAL_SAMPLING_KEYS``, None = the training value;
         ``temperature=0`` is greedy);
@@ -262,14 +267,18 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         Evaluation only: the training rollout, its env pool, its seed sequence (``sample_groups``
         seeds from a call counter this does not advance) and the runner metrics stay as they
         were, so a run trains the same with or without evaluations in between. The seed is drawn
-        from (run seed, worker index, evaluation call), apart from the training stream."""
+        from (run seed, worker index, ``eval_key``), apart from the training stream. The algorithm
+        passes its own evaluation counter as ``eval_key`` (checkpointed with it), so a restarted
+        runner does not repeat the seeds of earlier evaluations; without one (a direct call), this
+        runner's call counter, which restarts with the runner."""
         self._close_weight_stream()
         sampling = {k: v for k, v in (sampling or {}).items() if v is not None}  # None: the training value
         unknown = sorted(set(sampling) - set(EVAL_SAMPLING_KEYS))
         if unknown:
             raise ValueError(f"evaluate_groups: unknown sampling keys {unknown}; allowed: {list(EVAL_SAMPLING_KEYS)}")
+        key = self._eval_calls if eval_key is None else int(eval_key)
         seed = int(np.random.SeedSequence(
-            [int(self.config.seed or 0), self.worker_index, self._eval_calls, _EVAL_STREAM]).generate_state(1)[0])
+            [int(self.config.seed or 0), self.worker_index, key, _EVAL_STREAM]).generate_state(1)[0])
         self._eval_calls += 1
         params = dataclasses.replace(self._rollout.sampling, **sampling, seed=seed)
         params.validate()

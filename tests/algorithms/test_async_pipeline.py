@@ -251,3 +251,61 @@ def test_config_knobs():
         GRPOConfig().training(rollout_pipeline="async", max_policy_lag=0).env_runners(rollout_mode="async").validate()
     with pytest.raises(ValueError, match="'sync', 'one_step_off' or 'async'"):
         GRPOConfig().training(rollout_pipeline="fully_async").validate()
+
+
+def test_a_task_drawn_twice_in_the_window_is_two_groups_with_their_own_uids():
+    """6 tasks, 4 per iteration, G=2, k=1: the window (8 groups) holds every task, some twice
+    (the sampler draws one task per call, so it renames nothing). Every group of every batch must
+    have its own uid, G trajectories each: one group of 2G would skew the advantages, the group
+    filter, SIL's baseline and GiGPO's / SPADER's groups."""
+    group = FakeGroup(2)
+    sampler = TaskSampler([{"uid": f"t{k}", "question": "q"} for k in range(6)], seed=0)  # shuffled epochs
+    p = AsyncPipeline(max_policy_lag=1, tasks_per_iteration=4, group_size=G, poll_s=0.0)
+    group.on_call = lambda g: [r.finish(versions=(v,)) for r in g.runners.values()
+                               for v in [held["version"]]]
+    held = {"version": 0}
+    seen_repeats = False
+    for step in range(8):
+        got = _collect(p, group, sampler, step=step, version=step)
+        counts: dict = {}
+        for t in got.trajectories:
+            counts[t.uid] = counts.get(t.uid, 0) + 1
+        assert len(counts) == 4 and set(counts.values()) == {G}, counts
+        seen_repeats = seen_repeats or any("#" in u for u in counts)
+        assert {u.split("#")[0] for u in counts} <= {f"t{k}" for k in range(6)}
+        held["version"] = step + 1
+    assert seen_repeats, "the window held a task twice (the case under test)"
+    # the renamed tasks are what is outstanding: a checkpoint keeps their uids
+    uids = [o["task"]["uid"] for o in p.get_state()["outstanding"]]
+    assert len(uids) == len(set(uids))
+
+
+def test_a_group_older_than_the_kept_versions_is_stale_without_a_resync():
+    """k=1: a group submitted on version 0 that finishes at step 3 has a version the pipeline
+    pruned (current more than k + 1 iterations ago). It is stale, dropped and counted, and the
+    runners are not resynced (that is for versions a restarted runner brings)."""
+    group, sampler = FakeGroup(1), _sampler()
+    runner = group.runners[1]
+    p = AsyncPipeline(max_policy_lag=1, tasks_per_iteration=1, group_size=G, poll_s=0.0)
+
+    def newest_first(versions):  # one group per call, never the first (t0 stays in flight)
+        def f(g):
+            keys = [k for k in runner.in_flight if k != 0]
+            if keys:
+                key = max(keys)
+                r = runner.in_flight.pop(key)
+                runner.done.append((key, [_traj(r["task"]["uid"], versions) for _ in range(G)]))
+        return f
+
+    group.on_call = newest_first((0,))
+    got = _collect(p, group, sampler, step=0, version=0)
+    assert [t.uid for t in got.trajectories] == ["t1"] * G
+    for step in (1, 2):
+        group.on_call = newest_first((step,))
+        got = _collect(p, group, sampler, step=step, version=step)
+        assert len(got.trajectories) == G and got.stale == 0
+    assert any(g.task["uid"] == "t0" for g in p._groups.values()), "t0 is still in flight"
+    runner.finish(versions=(0,))  # t0 (and whatever else is in flight) on version 0, long pruned
+    group.on_call = newest_first((3,))
+    got = _collect(p, group, sampler, step=3, version=3)  # _collect fails on a resync
+    assert got.stale >= G and len(got.trajectories) == G and got.lags == [0] * G

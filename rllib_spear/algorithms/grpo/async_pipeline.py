@@ -18,9 +18,16 @@ groups as they finish. The driver's side, here:
   waiting up to ``poll_s`` for a group) and the window is refilled between polls.
 - **Lag.** The weights change while episodes are in flight (partial rollouts), so every assistant
   segment records its version; a trajectory's lag is the number of iterations since its oldest
-  segment's version was current. A group with a trajectory above ``max_policy_lag``, or with a
-  version this pipeline never saw current, is dropped whole and counted
-  (``dropped_stale_trajectories``).
+  segment's version was current. A group with a trajectory above ``max_policy_lag`` is dropped
+  whole and counted (``dropped_stale_trajectories``); so is one on a version this pipeline saw
+  current but has forgotten since (older than k + 1 iterations: stale, no resync). A version it
+  never saw, or one older than the weights the runner held when the group was submitted, means a
+  runner restarted behind the driver's back: the group is dropped and every runner resynced once.
+- **Group uids.** The sampler draws one task per call here, so it cannot tell repeats apart (a
+  dataset smaller than the window, an epoch boundary): a task drawn while a group of the same uid
+  is outstanding or already in the batch being collected gets the uid ``<uid>#<k>`` (the smallest
+  k free; ``recipe.task_sampler.repeat_uid``), so every group of a batch has its own uid, as in
+  the sync path. The renamed task is what is outstanding, hence checkpointed.
 - **Failures.** A runner that stops answering, or that no longer has a group the driver sent it
   (it restarted), loses those groups: they are counted (``lost_env_runner_samples``) and their
   tasks are submitted again, fresh; nothing half-sampled is used. A group the runner reports as
@@ -38,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...core.trajectory import Trajectory
+from ...recipe.task_sampler import repeat_uid
 from .rollouts import healthy_runner_ids, sampling_seed
 
 __all__ = ["AsyncPipeline", "AsyncCollected"]
@@ -54,6 +62,7 @@ class _Group:
     task: dict
     serial: int  # the task's index in the sampler's draw order (its sampling seed)
     runner: int | None = None  # where it was sent; None: to (re)submit
+    version: int | None = None  # the runners' weights version when it was (last) submitted
     result: list[Trajectory] | None = None  # finished, waiting on the driver
 
 
@@ -108,6 +117,9 @@ class AsyncPipeline:
         self._groups: dict[int, _Group] = {}  # outstanding, by key
         self._next_key = 0
         self._step_of_version: dict[int, int] = {}
+        #: the newest version forgotten (pruned from ``_step_of_version``); None: none yet
+        self._forgotten_max: int | None = None
+        self._version: int | None = None  # the runners' weights version now (the last sync)
 
     @property
     def window(self) -> int:
@@ -124,6 +136,7 @@ class AsyncPipeline:
         """``tasks_per_iteration`` finished groups for the iteration after ``step`` completed
         ones, on learner weights ``version`` (current on the runners since that step)."""
         self._step_of_version[int(version)] = int(step)
+        self._version = int(version)
         out = AsyncCollected([], [])
         windows: dict[int, list[dict]] = {}
         t0 = time.perf_counter()
@@ -137,7 +150,8 @@ class AsyncPipeline:
                 # driver's sync; bring every runner to the current weights once, or it would
                 # keep sampling groups that are dropped
                 resynced = True
-                self._step_of_version[int(resync())] = int(step)
+                self._version = int(resync())
+                self._step_of_version[self._version] = int(step)
             if len(out.trajectories) >= self.tasks_per_iteration * self.group_size:
                 break
             ids = self._runner_ids(group, resync, out)
@@ -154,8 +168,7 @@ class AsyncPipeline:
         out.runner_stats = [merge_runner_stats(w) for _, w in sorted(windows.items())]
         out.wait_s = time.perf_counter() - t0
         out.in_flight = self.outstanding
-        self._step_of_version = {v: s for v, s in self._step_of_version.items()
-                                 if step - s <= self.max_policy_lag}
+        self._forget_old_versions(step)
         return out
 
     def drop(self, group: Any) -> int:
@@ -170,6 +183,7 @@ class AsyncPipeline:
                 dropped += 1
             g.runner, g.result = None, None
         self._step_of_version = {}
+        self._forgotten_max = None
         return dropped * self.group_size
 
     # ------------------------------------------------------------------ checkpoints
@@ -215,7 +229,7 @@ class AsyncPipeline:
         while self.outstanding < self.window - len(out.trajectories) // self.group_size:
             serial = int(sampler.served)
             (task,) = sampler.next(1)
-            self._add(task, serial)
+            self._add(self._distinct_uid(task, out), serial)
         todo = sorted((g for g in self._groups.values() if g.runner is None and g.result is None),
                       key=lambda g: g.key)
         if not todo:
@@ -228,7 +242,7 @@ class AsyncPipeline:
         for g in todo:
             i = min(ids, key=lambda j: (load[j], j))
             load[i] += 1
-            g.runner = i
+            g.runner, g.version = i, self._version
             shares.setdefault(i, []).append({"key": g.key, "task": g.task, "group_size": self.group_size,
                                              "seed": sampling_seed((run_seed, g.serial), 0)})
         answered = self._foreach(group, {i: (lambda r, s=share: r.stream_submit(s)) for i, share in shares.items()})
@@ -282,7 +296,7 @@ class AsyncPipeline:
                 del self._groups[g.key]
                 out.incomplete_groups += 1
                 continue
-            lags = [self._lag(t, step) for t in trajs]
+            lags = [self._lag(t, step, g.version) for t in trajs]
             if any(lag is None or not 0 <= lag <= self.max_policy_lag for lag in lags):
                 del self._groups[g.key]
                 out.stale += len(trajs)
@@ -295,12 +309,48 @@ class AsyncPipeline:
             out.lags += [int(lag) for lag in lags]
         return unknown
 
-    def _lag(self, traj: Trajectory, step: int) -> int | None:
-        versions = [v for v in traj.segment_versions if v is not None] or [traj.policy_version]
-        steps = [self._step_of_version.get(int(v)) for v in versions]
-        if any(s is None for s in steps):
+    def _lag(self, traj: Trajectory, step: int, submitted: int | None = None) -> int | None:
+        """The trajectory's lag in iterations; None for a version that says a runner restarted
+        behind the driver's back (never current here, or older than ``submitted``, the weights
+        the runner held when the group was sent). A version current once but forgotten since
+        (more than ``max_policy_lag`` + 1 iterations ago) is stale: a lag above the bound."""
+        versions = [int(v) for v in traj.segment_versions if v is not None] or [int(traj.policy_version)]
+        if submitted is not None and min(versions) < submitted:
             return None
+        steps = [self._step_of_version.get(v) for v in versions]
+        if any(s is None and not self._forgotten(v) for s, v in zip(steps, versions)):
+            return None
+        if any(s is None for s in steps):
+            return self.max_policy_lag + 1
         return step - min(steps)
+
+    def _forgotten(self, version: int) -> bool:
+        """Whether ``version`` was current here once and pruned since (versions only grow
+        within a pipeline's life: ``drop`` starts it over)."""
+        return self._forgotten_max is not None and 0 <= version <= self._forgotten_max
+
+    def _forget_old_versions(self, step: int) -> None:
+        """Prune the versions no kept group can be on (current more than k iterations before
+        ``step``), remembering the newest pruned one: a group on it is stale, not unknown."""
+        old = [v for v, s in self._step_of_version.items() if step - s > self.max_policy_lag]
+        for v in old:
+            del self._step_of_version[v]
+        if old:
+            self._forgotten_max = max([*old, *([] if self._forgotten_max is None else [self._forgotten_max])])
+
+    def _distinct_uid(self, task: dict, out: AsyncCollected) -> dict:
+        """``task``, or a copy under ``<uid>#<k>`` (the smallest k free) when a group of its uid
+        is outstanding or in the batch ``out`` collects: every group of a batch has its own uid
+        (advantages, the group filter, SIL and GiGPO group by uid)."""
+        if "uid" not in task:  # nothing to tell its groups apart by (load_tasks adds one)
+            return task
+        used = {g.task.get("uid") for g in self._groups.values()} | {t.uid for t in out.trajectories}
+        if task["uid"] not in used:
+            return task
+        k = 1
+        while repeat_uid(task, k) in used:
+            k += 1
+        return {**task, "uid": repeat_uid(task, k)}
 
     @staticmethod
     def _foreach(group: Any, calls: dict[int, Callable[[Any], Any]] | None,

@@ -84,12 +84,16 @@ def dataset_label(source: Any) -> str:
 
 
 def sample_for_evaluation(group: Any, tasks: list[dict], samples: int, sampling: dict[str, Any],
-                          resync: Callable[[], int]) -> tuple[list[Trajectory], list[dict], int]:
+                          resync: Callable[[], int], eval_key: int | None = None,
+                          ) -> tuple[list[Trajectory], list[dict], int]:
     """(trajectories, runner stats, runner results lost): ``samples`` episodes per task with the
     evaluation ``sampling``, tasks dealt round-robin over the healthy runners (the local runner
-    when there are no remote ones); only whole groups are kept, as for training."""
+    when there are no remote ones); only whole groups are kept, as for training. ``eval_key``:
+    the driver's evaluation counter, the runners' seed key (``LLMEnvRunner.evaluate_groups``):
+    a runner's own counter restarts with the runner and would repeat earlier seeds."""
     if group.num_remote_env_runners() == 0:
-        out = group.local_env_runner.evaluate_groups(tasks=tasks, group_size=samples, sampling=sampling)
+        out = group.local_env_runner.evaluate_groups(tasks=tasks, group_size=samples, sampling=sampling,
+                                                     eval_key=eval_key)
         return list(out["trajectories"]), [out["stats"]], 0
     ids, _ = healthy_runner_ids(group, resync)
     shares = [(i, tasks[k::len(ids)]) for k, i in enumerate(ids)]
@@ -97,7 +101,8 @@ def sample_for_evaluation(group: Any, tasks: list[dict], samples: int, sampling:
     if not shares:
         return [], [], 0
     results = group.foreach_env_runner(
-        [lambda r, s=s: r.evaluate_groups(tasks=s, group_size=samples, sampling=sampling) for _, s in shares],
+        [lambda r, s=s: r.evaluate_groups(tasks=s, group_size=samples, sampling=sampling, eval_key=eval_key)
+         for _, s in shares],
         local_env_runner=False, remote_worker_ids=[i for i, _ in shares])
     trajs, _ = whole_groups(results, samples)  # eval tasks have distinct uids (loaders)
     return trajs, [r["stats"] for r in results], len(shares) - len(results)

@@ -17,6 +17,9 @@ named by the config):
 
 Colocated mode (``.resources(colocate=True)``, colocation.py): the engines sleep between 5 and 6
 (after sampling), and the weight sync of 7 runs between their two wakes: weights, sync, KV cache.
+Any failure after the sleep (update, SIL step, sync) wakes every engine and leaves the sync owed:
+the next sampling (training or evaluation) first syncs, and fails if that sync fails, so nothing
+is sampled on weights the runners do not hold (none at all after a level-2 sleep).
 
 Validation (``evaluate``, docs/design.md "Validation") runs on the same runners between
 iterations, every ``evaluation_interval`` iterations through RLlib's ``Algorithm.step``, and
@@ -123,6 +126,7 @@ class GRPO(Algorithm):
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
         self._pipeline = _PIPELINES[config.rollout_pipeline](config)
         self._sleep_cycle = EngineSleepCycle(config.colocate_sleep_level) if config.colocate else None
+        self._sync_owed = False  # a sync failed or was skipped after an update (see sync_if_owed)
         #: colocated runs on GPUs: {runner index: learner rank on the same GPU}
         self.colocated_pairs: dict[int, int] = {}
         if config.colocate and (config.num_gpus_per_learner or 0) > 0:
@@ -152,6 +156,7 @@ class GRPO(Algorithm):
         # an iteration does not log reads NaN, so one event would turn every later iteration NaN
         for counter in ("lost_all_samples", "dropped_in_flight_trajectories"):
             self.metrics.log_value(counter, 0, reduce="sum")
+        self.sync_if_owed()  # a failed iteration before: never sample on weights the runners lack
         t0 = time.perf_counter()
         trajs, runner_stats = self.next_batch(cfg.tasks_per_iteration)
         run_trajectory_callbacks(self, trajs, runner_stats, step)
@@ -176,14 +181,13 @@ class GRPO(Algorithm):
                 self.update_learners(rows, step)
                 if replay.rows:  # sequential SIL: its own optimizer steps after the on-policy ones
                     self.update_learners(replay.rows, step)
+            t_train = time.perf_counter() - t0
+            self._log(self.recipe.after_update(trajs, adv, kept, step, replay))
+            self.algo_step = step
+            self.sync_weights()
         except BaseException:
-            if cycle is not None:  # no sync follows: the engines wake as they are
-                cycle.wake_all(self.env_runner_group)
+            self._after_failed_step(cycle)
             raise
-        t_train = time.perf_counter() - t0
-        self._log(self.recipe.after_update(trajs, adv, kept, step, replay))
-        self.algo_step = step
-        self.sync_weights()
         if cycle is not None:  # what sharing the GPUs cost this iteration
             for k, v in cycle.pop_seconds().items():
                 self.metrics.log_value(("colocate", f"engine_{k}_s"), v, window=1)
@@ -305,13 +309,39 @@ class GRPO(Algorithm):
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
 
+    def _after_failed_step(self, cycle: EngineSleepCycle | None) -> None:
+        """An iteration failed after its sampling (update, SIL step or sync): the runners may hold
+        no valid weights (a level-2 sleep, a half-applied sync) and the learners may be ahead of
+        them, so the sync is owed (``sync_if_owed`` pays it before anything samples); colocated
+        engines wake as they are, whatever is still asleep (a failing wake is logged: the
+        iteration's own error is the one raised)."""
+        self._sync_owed = True
+        if cycle is None or not cycle.asleep:
+            return
+        try:
+            cycle.wake_all(self.env_runner_group)
+        except Exception as e:  # noqa: BLE001 - the step's own error is raised; the sync retries the wake
+            logger.warning("colocated engines did not wake after a failed iteration (%s: %s); the next "
+                           "iteration wakes them before its weight sync", type(e).__name__, e)
+
+    def sync_if_owed(self) -> None:
+        """Sync the runners now if the last sync failed or was skipped after an update (or an
+        engine is still asleep): called before any sampling. A sync that fails again raises here,
+        so the iteration fails loudly before it samples on invalid weights."""
+        cycle = getattr(self, "_sleep_cycle", None)
+        if getattr(self, "_sync_owed", False) or (cycle is not None and cycle.asleep):
+            logger.warning("the runners' weights are not the learners' (the last iteration failed after its "
+                           "sampling): syncing them before sampling")
+            self.sync_weights()
+
     def sync_weights(self) -> None:
         """The learners' weights to every runner, version-checked (rollouts run on the new version).
         Colocated engines asleep after an update wake their weights first and their KV cache
-        after (colocation.py)."""
+        after (colocation.py). Until it returns, the sync is owed (``sync_if_owed``)."""
         if self.env_runner_group is not None:
             cfg = self.config
             cycle = getattr(self, "_sleep_cycle", None)
+            self._sync_owed = True
             if cycle is not None:
                 cycle.wake_for_sync(self.learner_group, self.env_runner_group)
             try:
@@ -325,6 +355,7 @@ class GRPO(Algorithm):
             finally:
                 if cycle is not None:
                     cycle.wake_kv_cache(self.env_runner_group)
+            self._sync_owed = False
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
         """RLlib's restore, then the version-checked weight sync of the restored runners."""
@@ -427,7 +458,11 @@ class GRPO(Algorithm):
             self.sync_weights()
             return self._policy_version
 
-        trajs, stats, lost = sample_for_evaluation(self.env_runner_group, tasks, run.samples, run.sampling, resync)
+        self.sync_if_owed()  # a failed iteration before: evaluate the learners' weights, not none
+        # the runners' seed key: a driver-held, checkpointed count (a runner's own restarts with it)
+        key = self._eval_count = getattr(self, "_eval_count", 0) + 1
+        trajs, stats, lost = sample_for_evaluation(self.env_runner_group, tasks, run.samples, run.sampling, resync,
+                                                   eval_key=key)
         out = task_metrics(trajs, stats, default_source=dataset_label(source))
         out["policy_version"] = float(self._policy_version)
         out["lost_env_runner_samples"] = float(lost)
@@ -531,6 +566,7 @@ class GRPO(Algorithm):
                              else self._pipeline.checkpoint_sampler_state(self.task_sampler)),
             "rng": self._rng.bit_generator.state,
             "policy_version": self._policy_version,
+            "eval_count": getattr(self, "_eval_count", 0),
             **({} if self._pipeline is None else {"pipeline": self._pipeline.get_state()}),
             **self.recipe.get_state(),
         }
@@ -540,6 +576,7 @@ class GRPO(Algorithm):
         self.task_sampler.set_state(s["task_sampler"])
         self._rng.bit_generator.state = s["rng"]
         self._policy_version = int(s["policy_version"])
+        self._eval_count = int(s.get("eval_count", 0))  # (older checkpoints: none)
         if self._pipeline is not None:
             self._pipeline.set_state(s.get("pipeline", {}))
         self.recipe.set_state(s)

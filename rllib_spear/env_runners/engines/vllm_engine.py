@@ -245,6 +245,7 @@ class VLLMEngine(GenerationEngine):
         self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
         self.version = 0
+        self._failed_updates = 0  # weight updates that raised (their requests are labelled -1)
         self._warned_truncation = False
 
     # ------------------------------------------------------------------ generation
@@ -366,10 +367,11 @@ class VLLMEngine(GenerationEngine):
             raise RuntimeError("VLLMEngine was shut down")
         # The version it starts on: an update during the request freezes it and resumes it on the
         # new weights, so this is the oldest version of its tokens (engines/update_gate.py).
-        version = self.version
+        version, failed = self.version, getattr(self, "_failed_updates", 0)
         res = await self.llm.agenerate(TokensPrompt(prompt_token_ids=[int(t) for t in prompt]), params)
         out = self._output(res)
-        out.policy_version = version
+        # an update that raised meanwhile resumed it on half-loaded weights: no valid version
+        out.policy_version = version if getattr(self, "_failed_updates", 0) == failed else -1
         return out
 
     def _waves(self, lengths: list[int]) -> list[list[int]]:
@@ -473,12 +475,25 @@ class VLLMEngine(GenerationEngine):
     def _paused_for_update(self):
         """Async mode: no scheduler step from the start of a weight update to its end (a step
         in between would sample from a half-loaded model or a stale tied head); the requests in
-        flight wait and go on with the new weights. An update that raises leaves the engine
-        paused until the next update completes: the model may be half-loaded. Sync mode: no
+        flight wait and go on with the new weights. An update that raises resumes the engine as
+        well (paused, every request in flight and every later one would hang until a sync that
+        may never come), with its weights marked invalid (:meth:`_update_failed`). Sync mode: no
         request runs during an update anyway."""
         self._hold_for_update()
-        yield
-        self._release_after_update()
+        try:
+            yield
+        except BaseException:
+            self._update_failed()
+            raise
+        finally:
+            self._release_after_update()
+
+    def _update_failed(self) -> None:
+        """A weight update raised: the model may be half-loaded, so the engine holds no valid
+        version (-1: a sync of any version is applied, and the requests that ran across the
+        failure are labelled -1, which the async pipeline drops and resyncs)."""
+        self.version = -1
+        self._failed_updates = getattr(self, "_failed_updates", 0) + 1
 
     def _hold_for_update(self) -> None:
         if self.async_engine and not self._update_paused:
@@ -509,20 +524,35 @@ class VLLMEngine(GenerationEngine):
 
     def start_weight_update(self) -> None:
         self._require_transfer()
-        self._hold_for_update()  # released by finish_weight_update (async mode)
-        self.llm.start_weight_update()
+        self._hold_for_update()  # released by finish_weight_update, or by a step that raises
+        with self._resumed_on_failure():
+            self.llm.start_weight_update()
 
     def receive_weight_update(self, update_info: Mapping) -> None:
         """Every worker receives the tensors ``update_info`` lists from the backend's channel."""
-        self.llm.update_weights({"update_info": dict(update_info)})
+        with self._resumed_on_failure():
+            self.llm.update_weights({"update_info": dict(update_info)})
 
     def finish_weight_update(self, version: int) -> None:
         """Close the update (vLLM finalizes the layerwise reload), then the tied head re-pack and
         prefix-cache reset of every update, then the version."""
-        self.llm.finish_weight_update(weight_version=str(int(version)))
-        self._after_update()
+        with self._resumed_on_failure():
+            self.llm.finish_weight_update(weight_version=str(int(version)))
+            self._after_update()
         self.version = int(version)
         self._release_after_update()
+
+    @contextmanager
+    def _resumed_on_failure(self):
+        """One step of a transfer-API update: if it raises, the update is over (the runner leaves
+        the transfer group): the weights are invalid and the engine resumes, as in
+        :meth:`_paused_for_update`."""
+        try:
+            yield
+        except BaseException:
+            self._update_failed()
+            self._release_after_update()
+            raise
 
     def shutdown_weight_transfer(self) -> None:
         if self.weight_transfer_backend is not None and self.llm is not None:
