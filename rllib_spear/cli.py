@@ -16,7 +16,9 @@ learners, rl_module, evaluation, debugging, fault_tolerance, ...), each applied 
 config.<method>(**kwargs). An unknown key anywhere fails at once, naming the closest valid one.
 --set section.key=value overrides a builder setting (training.lr=1e-5), --set key=value a
 top-level one (stop.training_iteration=3). Errors print their message alone; --debug shows the
-traceback.
+traceback. A name already used under storage_path is refused; --resume continues that experiment
+(Tune restores its trials from their last checkpoints); an interrupted run exits 130. Import paths
+(env: my_envs:MyEnv) are read from the working directory.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from .config_keys import SHORTHAND_SECTIONS, ConfigKeyError, check_experiment_keys, check_override_keys
+from .config_keys import (SHORTHAND_SECTIONS, ConfigKeyError, check_experiment_keys, check_override_keys,
+                          check_section_types)
 
 __all__ = ["main", "load_experiment", "build_config", "apply_overrides", "quiet_worker_logs", "CLIError"]
 
@@ -155,7 +158,11 @@ def build_config(exp: dict[str, Any]) -> Any:
         raise CLIError(str(e)) from None
     for section, kwargs in (exp.get("config") or {}).items():
         try:
-            getattr(cfg, section)(**(kwargs or {}))
+            # a value of the wrong type ("temperature: high") is named here, not in a bare
+            # TypeError of validate()'s comparisons
+            getattr(cfg, section)(**check_section_types(section, kwargs or {}, cfg))
+        except ConfigKeyError as e:
+            raise CLIError(str(e)) from None
         except TypeError as e:
             raise CLIError(f"config.{section}: {e}") from None
     return cfg
@@ -235,25 +242,176 @@ def max_failures(exp: dict, args: argparse.Namespace) -> int:
     return value
 
 
-def _train(args: argparse.Namespace) -> int:
-    import ray
-    from ray import tune
-
-    exp = load_experiment(args.config, args.set)
-    cfg = build_config(exp)
-    # Resolve an embedded cold start here, in the foreground: a shipped build is a file copy; a
-    # build (a recipe with no shipped build) prints its progress on this console and stops on
-    # Ctrl-C, instead of running silently inside the trial actor.
+def _validate_for_train(cfg: Any, config_path: str) -> None:
+    """``cfg.validate()`` and the cold start, as CLIErrors naming the config file. Resolve an
+    embedded cold start here, in the foreground: a shipped build is a file copy; a build (a recipe
+    with no shipped build) prints its progress on this console and stops on Ctrl-C, instead of
+    running silently inside the trial actor."""
     from rllib_spear.coldstart import resolve_model_path
 
     try:
         cfg.validate()
         resolve_model_path(str(cfg.model_config.get("model_path", "")))
     except ValueError as e:
-        raise CLIError(f"{args.config}: {validation_message(e)}") from e
+        raise CLIError(f"{config_path}: {validation_message(e)}") from e
+    except TypeError as e:  # a value of a type no check above foresaw: still no bare traceback
+        raise CLIError(f"{config_path}: a setting has the wrong type ({e}); compare each value with its default "
+                       "(docs/design.md) or run with --debug for the traceback") from e
+
+
+def check_experiment_dir(exp_dir: Path, resume: bool) -> None:
+    """A name is one experiment: running a name again started a second trial at iteration 1 beside
+    the first (and ``eval`` then refused the folder, "holds 2 trials"). CLIError when ``exp_dir``
+    already holds an experiment and ``resume`` is off, or holds none and ``resume`` is on."""
+    exists = exp_dir.is_dir() and any(exp_dir.iterdir())
+    if exists and not resume:
+        raise CLIError(f"{exp_dir} already holds an experiment of this name: add --resume to continue it from "
+                       f"its last checkpoints, or start a new one under another name (--set name=...) or after "
+                       f"removing the folder")
+    if resume and not exists:
+        raise CLIError(f"--resume: no experiment to resume at {exp_dir}; run without --resume to start it")
+
+
+def cwd_on_sys_path() -> None:
+    """Put the working directory on ``sys.path``: an ``env: my_envs:MyEnv`` next to the YAML is
+    imported in this process (``validate()``) and the Ray workers (Ray adds the driver's working
+    directory to theirs, and ``runtime_env`` below sets PYTHONPATH). The ``rllib-spear`` script's
+    ``sys.path[0]`` is its bin folder, not the working directory (``python -m`` has it)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+def ray_runtime_env() -> dict[str, Any]:
+    """The ``runtime_env`` of ``rllib-spear train``'s Ray: the working directory on every worker's
+    PYTHONPATH (processes a worker starts, such as vLLM's, import the user's modules too)."""
+    pythonpath = os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                         "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" bars
+                         "PYTHONPATH": pythonpath},
+            "worker_process_setup_hook": "rllib_spear.cli.quiet_worker_logs"}
+
+
+def start_ray(exp: dict[str, Any]) -> None:
+    """Start Ray for ``train`` (unless this process already did)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False, runtime_env=ray_runtime_env())
+
+
+def check_cluster(exp: dict[str, Any], cfg: Any, config_path: str) -> None:
+    """Refuse, before Tune starts, a trial whose placement group the cluster can never hold: Tune
+    would wait for it forever (resource_check.check_trial_fits, the Python API's message)."""
+    from rllib_spear.algorithms.grpo.resource_check import check_trial_fits
+    from rllib_spear.registration import algorithm_classes
+
+    try:
+        check_trial_fits(algorithm_classes()[exp["algorithm"]], cfg)
+    except ValueError as e:
+        raise CLIError(f"{config_path}: {e}") from None
+
+
+#: A Python exception line ("TypeError: ..." or "ray.exceptions.RayTaskError: ...").
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b.*")
+#: What a Ray worker writes to its .err log when an actor's __init__ raised.
+_CREATION_FAILED = "Exception raised in creation task:"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def last_exception_line(text: str) -> str | None:
+    """The last exception line of a traceback text (its final, outermost-raised error)."""
+    lines = [ln.strip() for ln in _ANSI.sub("", text).splitlines() if _EXC_LINE.match(ln.strip())]
+    return lines[-1] if lines else None
+
+
+def actor_failures(logs_dir: Path, job_id: str | None = None, since: float = 0.0) -> list[tuple[str, str, Path]]:
+    """(actor class, exception line, log file) of each actor whose creation failed, from the
+    ``worker-*.err`` logs Ray writes in ``logs_dir`` (of job ``job_id``, changed after ``since``),
+    oldest log first."""
+    pattern = f"worker-*-{job_id}-*.err" if job_id else "worker-*.err"
+    files = [f for f in logs_dir.glob(pattern) if f.stat().st_mtime >= since]
+    out = []
+    for f in sorted(files, key=lambda f: f.stat().st_mtime):
+        text = _ANSI.sub("", f.read_text(errors="replace"))
+        for block in text.split(_CREATION_FAILED)[1:]:
+            actor = re.search(r"ray::(\w+)\.", block)
+            line = last_exception_line(block.split("\n\n")[0])
+            if line:
+                out.append((actor.group(1) if actor else "an actor", line, f))
+    return out
+
+
+def _ray_logs_dir() -> Path | None:
+    """The log folder of this process's Ray session (Ray's private node handle; None when moved)."""
+    try:
+        from ray._private import worker
+
+        return Path(worker._global_node.get_logs_dir_path())
+    except Exception:  # noqa: BLE001 - a best-effort pointer, never the reason a report fails
+        return None
+
+
+def failure_report(error: Any, trial_dir: Any, since: float) -> list[str]:
+    """The lines ``train`` prints for a failed trial: the trial's final error, then the first actor
+    error that is not that one (an env runner's ``__init__`` failing ends the trial in an unrelated
+    ``IndexError`` of RLlib, the cause only in the runner's log), then where the traceback is."""
+    text = str(error)
+    last = (last_exception_line(text) or text.strip().splitlines()[-1]) if text.strip() else repr(error)
+    lines = [f"training failed: {last}"]
+    logs = _ray_logs_dir()
+    job_id = None
+    try:
+        import ray
+
+        job_id = ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        pass
+    causes = [c for c in (actor_failures(logs, job_id, since) if logs and logs.is_dir() else []) if c[1] != last]
+    if causes:
+        actor, line, log = causes[0]
+        lines.append(f"first actor error ({actor}, log {log}): {line}")
+    error_file = Path(str(trial_dir)) / "error.txt" if trial_dir else None
+    if error_file is not None and error_file.is_file():
+        lines.append(f"full traceback: {error_file}")
+    return lines
+
+
+def unfinished_trials(grid: Any) -> int:
+    """Trials that neither ended nor failed: the run was interrupted (Ctrl-C, SIGUSR1), Tune saved
+    their state and they wait for ``--resume``."""
+    return len(grid) - int(grid.num_terminated) - int(grid.num_errors)
+
+
+def _interrupted(config_path: str, exp_dir: Path) -> int:
+    print(f"interrupted: the experiment in {exp_dir} is not finished; continue it with "
+          f"rllib-spear train {config_path} --resume", file=sys.stderr)
+    return 130  # the shell's code of a run ended by SIGINT
+
+
+def _restored_tuner(tune: Any, exp_dir: Path, algorithm: str, callbacks: list) -> Any:
+    """``Tuner.restore`` of the experiment in ``exp_dir``: unfinished and failed trials continue from
+    their last checkpoints, with the settings they were started with. The restored run config
+    holds the callbacks pickled at the first start; this run's progress callback replaces them
+    (the Tuner's run config is private: when it moved, the old callbacks stay, lines still print)."""
+    tuner = tune.Tuner.restore(str(exp_dir), trainable=algorithm, resume_unfinished=True, resume_errored=True)
+    run_config = getattr(getattr(tuner, "_local_tuner", None), "get_run_config", lambda: None)()
+    if run_config is not None:
+        run_config.callbacks = callbacks
+    return tuner
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ray import tune
+
+    exp = load_experiment(args.config, args.set)
+    cfg = build_config(exp)
+    _validate_for_train(cfg, args.config)
     stop = exp.get("stop") or {"training_iteration": 10}
     name = exp.get("name") or Path(args.config).stem
     storage = os.path.abspath(exp.get("storage_path") or "results")
+    exp_dir = Path(storage) / name
+    check_experiment_dir(exp_dir, bool(getattr(args, "resume", False)))
 
     # the task's headline number: answer-set F1 on multi-answer search (a full-set "success" is
     # rare there), success elsewhere
@@ -267,34 +425,41 @@ def _train(args: argparse.Namespace) -> int:
             if isinstance(value, (int, float)):
                 headline.append(float(value))
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=exp.get("num_cpus"), include_dashboard=False, runtime_env={
-            "env_vars": {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                         "HF_HUB_DISABLE_PROGRESS_BARS": "1"},  # transformers' "Loading weights" bars
-            "worker_process_setup_hook": "rllib_spear.cli.quiet_worker_logs"})
+    start_ray(exp)
+    check_cluster(exp, cfg, args.config)
     t0 = time.time()
-    tuner = tune.Tuner(
-        exp["algorithm"],
-        param_space=cfg,
-        tune_config=tune.TuneConfig(num_samples=int(exp.get("num_samples") or 1)),
-        run_config=tune.RunConfig(
-            name=name, storage_path=storage, stop=stop, verbose=0, callbacks=[_Progress()],
-            checkpoint_config=tune.CheckpointConfig(
-                checkpoint_frequency=int(exp.get("checkpoint_freq", 0) or 0),
-                checkpoint_at_end=True),
-            # a failed trial (a learner or the trial's process died, a node was lost) restarts
-            # from its last checkpoint: docs/design.md "Fault tolerance"
-            failure_config=tune.FailureConfig(max_failures=max_failures(exp, args)),
-        ),
-    )
-    grid = tuner.fit()
+    if getattr(args, "resume", False):
+        tuner = _restored_tuner(tune, exp_dir, exp["algorithm"], [_Progress()])
+    else:
+        tuner = tune.Tuner(
+            exp["algorithm"],
+            param_space=cfg,
+            tune_config=tune.TuneConfig(num_samples=int(exp.get("num_samples") or 1)),
+            run_config=tune.RunConfig(
+                name=name, storage_path=storage, stop=stop, verbose=0, callbacks=[_Progress()],
+                checkpoint_config=tune.CheckpointConfig(
+                    checkpoint_frequency=int(exp.get("checkpoint_freq", 0) or 0),
+                    checkpoint_at_end=True),
+                # a failed trial (a learner or the trial's process died, a node was lost) restarts
+                # from its last checkpoint: docs/design.md "Fault tolerance"
+                failure_config=tune.FailureConfig(max_failures=max_failures(exp, args)),
+            ),
+        )
+    try:
+        grid = tuner.fit()
+    except KeyboardInterrupt:  # a second Ctrl-C, or Tune's handler off (TUNE_DISABLE_SIGINT_HANDLER)
+        return _interrupted(args.config, exp_dir)
     results = [grid[i] for i in range(len(grid))]
     failed = [r for r in results if r.error]
     if failed:
-        print(f"training failed: {failed[0].error}", file=sys.stderr)
+        if getattr(args, "debug", False):
+            print(f"training failed: {failed[0].error}", file=sys.stderr)
+        print("\n".join(failure_report(failed[0].error, failed[0].path, t0)), file=sys.stderr)
         return 1
     if headline:
         print(f"{label} by iterations: " + ", ".join(f"{a}-{b}: {m:.3f}" for a, b, m in block_means(headline)))
+    if unfinished_trials(grid):
+        return _interrupted(args.config, exp_dir)
     print(f"done in {time.time() - t0:.0f}s; trial dir{'s' if len(results) > 1 else ''}: "
           + ", ".join(str(r.path) for r in results))
     for res in results:
@@ -476,6 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-failures", type=int, default=None, metavar="N",
                    help="restart a failed trial from its last checkpoint up to N times (default: the YAML's "
                         "max_failures, 0 if unset; -1 = no limit)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the experiment of this name (storage_path/name) from its last checkpoints "
+                        "(Tune's Tuner.restore); without it an existing experiment of the name is refused")
     p.set_defaults(func=_train)
     e = sub.add_parser("eval", parents=[debug],
                        help="evaluate a checkpoint on a dataset split, per benchmark (data_source)")
@@ -538,6 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     """The rllib-spear command. Exit 0 on success, 1 when a plan does not fit or training failed,
     2 on a user error (its message printed alone; --debug raises it with the traceback)."""
     args = build_parser().parse_args(argv)
+    cwd_on_sys_path()  # an env or reward given as an import path next to the YAML
     try:
         return int(args.func(args) or 0)
     except (CLIError, ConfigKeyError) as e:

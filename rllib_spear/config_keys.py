@@ -25,7 +25,8 @@ import difflib
 import inspect
 from typing import Any, Callable, Collection, Iterable, Mapping
 
-__all__ = ["ConfigKeyError", "TOP_LEVEL_KEYS", "STOP_KEYS", "SHORTHAND_SECTIONS", "did_you_mean",
+__all__ = ["ConfigKeyError", "ConfigTypeError", "TOP_LEVEL_KEYS", "STOP_KEYS", "SHORTHAND_SECTIONS", "KEY_ALIASES",
+           "close_keys", "did_you_mean", "check_value_type", "check_section_types",
            "check_kwargs", "explicit_params", "builder_sections", "builder_keys", "check_key_path",
            "check_experiment_keys", "check_override_keys"]
 
@@ -62,9 +63,53 @@ class ConfigKeyError(ValueError):
     """An unknown key in an experiment or a builder call; the message names it and the fix."""
 
 
+class ConfigTypeError(ConfigKeyError):
+    """A builder setting of the wrong type (``temperature: "high"``); the message names the key and
+    the type its default has."""
+
+
+#: Names other RL libraries (TRL, verl, OpenRLHF, older RLlib) give this library's keys: difflib
+#: sees no likeness between ``learning_rate`` and ``lr``, so these are suggested by name.
+KEY_ALIASES = {"learning_rate": "lr", "lr_rate": "lr", "num_workers": "num_env_runners",
+               "num_generations": "group_size", "n_samples": "group_size", "rollout_n": "group_size",
+               "num_samples_per_prompt": "group_size", "kl_coef": "kl_coeff", "beta": "kl_coeff",
+               "entropy_coef": "entropy_coeff", "epochs": "num_epochs", "ppo_epochs": "num_epochs",
+               "max_tokens": "max_new_tokens", "max_completion_length": "max_new_tokens",
+               "response_length": "max_response_tokens", "max_seq_len": "max_model_len",
+               "max_length": "max_model_len",
+               "clip_range": "clip_ratio_low", "cliprange": "clip_ratio_low", "epsilon": "clip_ratio_low",
+               "max_grad_norm": "grad_clip", "warmup_steps": "lr_warmup_steps", "temp": "temperature"}
+
+
+def _initials(key: str) -> str:
+    """``lr`` for ``learning_rate``: the first letter of each word of a snake_case key."""
+    words = [w for w in str(key).split("_") if w]
+    return "".join(w[0] for w in words) if len(words) > 1 else ""
+
+
+def close_keys(key: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """The choices ``key`` most likely meant: a known alias (``learning_rate`` -> ``lr``), a key
+    spelt by its initials, then difflib's near-misses (typos)."""
+    pool = sorted(set(choices))
+    named = [c for c in (KEY_ALIASES.get(str(key)), _initials(key)) if c and c in pool]
+    close = difflib.get_close_matches(str(key), pool, n=n, cutoff=cutoff)
+    if close:  # only the near-best: 'group_szie' means 'group_size', not also 'group_stats_over'
+        best = _ratio(key, close[0])
+        close = [c for c in close if _ratio(key, c) >= best - _NEAR_BEST]
+    return list(dict.fromkeys(named + close))[:n]
+
+
+#: How far below the best difflib ratio another suggestion may be.
+_NEAR_BEST = 0.1
+
+
+def _ratio(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, str(a), b).ratio()
+
+
 def did_you_mean(key: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> str:
     """``"; did you mean 'x'?"`` (or ``'x' or 'y'``) for the choices close to ``key``; "" when none is."""
-    close = difflib.get_close_matches(str(key), sorted(set(choices)), n=n, cutoff=cutoff)
+    close = close_keys(key, choices, n=n, cutoff=cutoff)
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
@@ -185,7 +230,7 @@ def _top_level_hints(path: list[str], config: Any, shorthand: bool) -> list[str]
     top, rest = path[0], path[1:]
     if top in sections:
         return [prefix + ".".join(path)]
-    hints = _section_suggestions(top, config, shorthand) if not rest else []
+    hints = _section_suggestions(KEY_ALIASES.get(top, top), config, shorthand) if not rest else []
     for c in difflib.get_close_matches(top, sorted(set(TOP_LEVEL_KEYS) | sections), n=3, cutoff=0.6):
         hints.append((prefix if c in sections else "") + ".".join([c, *rest]))
     return list(dict.fromkeys(hints))
@@ -251,3 +296,50 @@ def check_override_keys(path: list[str], value: Any, config: Any) -> None:
     for key in reversed(path):
         nested = {key: nested}
     check_experiment_keys(nested, config, shorthand=True)  # and what a mapping value holds
+
+
+# ---------------------------------------------------------------------- value types
+#: Values RLlib takes in place of a number for some numeric knobs (rollout_fragment_length,
+#: evaluation_duration, ...).
+_NUMBER_WORDS = ("auto",)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def check_value_type(path: str, value: Any, default: Any) -> Any:
+    """``value`` for the builder setting ``path`` (``config.env_runners.temperature``) whose default
+    is ``default``: a numeric setting must get a number, else ConfigTypeError naming the key and the
+    type (the comparisons in ``validate()`` would otherwise end in a bare ``TypeError``). A string
+    that reads as a number is taken as one (YAML 1.1 reads ``3e-4`` as a string). Only numeric
+    defaults are judged: a boolean, string or None default may stand for a knob of several types."""
+    if value is None or isinstance(default, bool) or not isinstance(default, (int, float)):
+        return value
+    if isinstance(value, (list, tuple)) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return value  # a number, or a schedule such as lr: [[0, 1e-6], [100, 1e-7]]
+    if isinstance(value, str) and value in _NUMBER_WORDS:
+        return value
+    number = _number(value) if isinstance(value, str) else None
+    if number is not None:
+        return int(number) if isinstance(default, int) and number.is_integer() else number
+    want = "an integer" if isinstance(default, int) else "a number"
+    raise ConfigTypeError(f"{path} must be {want} (default {default!r}), got {value!r} (a {type(value).__name__})")
+
+
+def _default_of(config: Any, key: str) -> Any:
+    """The config's current value of a builder kwarg (None when it has no attribute of that name or
+    the attribute is a deprecated one that raises on access)."""
+    try:
+        return getattr(config, key, None)
+    except Exception:  # noqa: BLE001 - RLlib's deprecated properties raise ValueError
+        return None
+
+
+def check_section_types(section: str, kwargs: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """The kwargs of ``config.<section>()`` with each value checked by :func:`check_value_type`
+    against ``config``'s default of the same name."""
+    return {k: check_value_type(f"config.{section}.{k}", v, _default_of(config, k)) for k, v in kwargs.items()}

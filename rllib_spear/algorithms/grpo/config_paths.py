@@ -14,12 +14,13 @@ to download one), URLs, lists, callables.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["ENV_CONFIG_PATH_KEYS", "absolute_dataset", "absolute_env_config", "absolute_model_config",
-           "missing_files"]
+           "missing_files", "known_model_names", "model_name_hint"]
 
 #: ``env_config`` keys of the built-in environments that name files or folders.
 ENV_CONFIG_PATH_KEYS = ("corpus_path", "index_dir", "game_file")
@@ -72,6 +73,35 @@ def absolute_model_config(model_config: dict[str, Any]) -> dict[str, Any]:
     return {**model_config, "model_path": _absolute(path)}
 
 
+def known_model_names() -> list[str]:
+    """The ``model_path`` values that name a model rather than a folder: "embedded", "embedded:<task>"
+    for each embedded task (its demonstrations train the cold start), the named cold starts."""
+    from ...coldstart.lookup import NAMED_COLD_STARTS
+    from ...envs.loaders import DEFAULT_DATASETS
+
+    return ["embedded", *(f"embedded:{t}" for t in DEFAULT_DATASETS), *NAMED_COLD_STARTS]
+
+
+def model_name_hint(path: str) -> str:
+    """``"; did you mean 'smollm2-search'?"`` for a near-miss of a known model name (a typo of a name
+    would otherwise read as a missing folder), then the list of names."""
+    names = known_model_names()
+    close = difflib.get_close_matches(str(path), names, n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return f"; did you mean {' or '.join(repr(c) for c in close)}? (model names: {', '.join(names)})"
+
+
+def _unknown_embedded_task(path: str) -> bool:
+    """"embedded:<task>" naming no embedded task: its cold start would fail to find demonstrations
+    deep in the build (resolve_model_path treats "embedded:" and "embedded:default" as the default)."""
+    from ...coldstart.lookup import is_embedded_name
+    from ...envs.loaders import DEFAULT_DATASETS
+
+    task = path.split(":", 1)[1] if ":" in path else ""
+    return is_embedded_name(path) and task not in ("", "default", *DEFAULT_DATASETS)
+
+
 def missing_files(cfg: Any, err: Callable[[str], None]) -> None:
     """``err`` for the first file ``cfg`` names that does not exist: the dataset, the eval
     dataset, the env_config paths, the model folder. (Resolved paths are absolute; a relative
@@ -89,6 +119,11 @@ def missing_files(cfg: Any, err: Callable[[str], None]) -> None:
             err(f"`env_config['{key}']` {os.fspath(value)!r} does not exist {where}: set "
                 f".environment(env_config={{'{key}': <an existing path>}})")
     path = (cfg.model_config or {}).get("model_path")
+    if isinstance(path, str) and _unknown_embedded_task(path):
+        hint = model_name_hint(path) or f" (model names: {', '.join(known_model_names())})"
+        err(f"`model_config['model_path']` {path!r} names no embedded cold start{hint}")
     if isinstance(path, (str, os.PathLike)) and not _is_model_name(os.fspath(path)) and not Path(path).is_dir():
-        err(f"`model_config['model_path']` {os.fspath(path)!r} is not a folder {where}: point "
-            ".rl_module(model_config={'model_path': ...}) at a local Hugging Face model folder (or 'embedded')")
+        name = os.path.basename(os.fspath(path))  # made absolute by rl_module(): the name as typed
+        err(f"`model_config['model_path']` {os.fspath(path)!r} is not a folder {where}{model_name_hint(name)}: "
+            "point .rl_module(model_config={'model_path': ...}) at a local Hugging Face model folder (or a "
+            "model name such as 'embedded')")

@@ -19,8 +19,9 @@ Not counted: the driver (``num_cpus_for_main_process``). Outside Tune it is a pl
 a Ray actor, and holds no Ray CPU. Under Tune it is the trial's actor, and the trial's placement
 group (``GRPO.default_resource_request``: driver + runners + learners, the same config) was
 reserved before ``setup`` ran, so the actors fit by construction: the check is skipped there
-(Tune itself reports a trial whose placement group never fits). A cluster with an autoscaler may
-grow into the demand: there the check only warns.
+(Tune itself only warns, every minute and forever, about a trial whose placement group never
+fits: ``rllib-spear train`` runs :func:`check_trial_fits` on that placement group before Tune
+starts). A cluster with an autoscaler may grow into the demand: there the check only warns.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-__all__ = ["ActorDemand", "resource_demands", "check_resources", "check_cluster_fits", "learner_cpus"]
+__all__ = ["ActorDemand", "resource_demands", "check_resources", "check_cluster_fits", "learner_cpus",
+           "check_placement_group", "check_trial_fits"]
 
 _EPS = 1e-9  # fractional GPU shares (0.49 + 0.51) must not fail on rounding
 
@@ -114,10 +116,55 @@ def check_resources(config: Any, cluster: Mapping[str, float],
             if v and v > biggest + _EPS:
                 problems.append(f"each {d.kind} needs {_g(v)} {res} on one node ({d.knobs.get(res, res)}) but the "
                                 f"largest node has {_g(biggest)}: {_fix(res)}")
+    return _refusal(problems)
+
+
+def _refusal(problems: Sequence[str]) -> str | None:
     if not problems:
         return None
     return ("the actors of this config can never all start, so the run would wait for them forever: it needs "
             + "; and ".join(problems) + ".")
+
+
+def _driver_demand(config: Any, bundle: Mapping[str, float]) -> ActorDemand:
+    """The trial's own actor under Tune (the first bundle of the placement group), in the form of
+    the other demands; without remote learners it also holds the local learner's resources."""
+    knob = "num_cpus_for_main_process" if int(config.num_learners or 0) > 0 else \
+        "max(num_cpus_for_main_process, num_cpus_per_learner)"
+    return ActorDemand("trial driver", 1, {k: float(v or 0) for k, v in bundle.items()},
+                       {"CPU": knob, "GPU": "num_gpus_per_learner"}, "")
+
+
+def _describe(d: ActorDemand, resource: str) -> str:
+    if d.kind == "trial driver":  # one per trial: "the trial's driver num_cpus_for_main_process=1"
+        return f"the trial's driver {d.knobs.get(resource, resource)}={_g(d.per_actor.get(resource, 0))}"
+    return d.describe(resource)
+
+
+def check_placement_group(config: Any, bundles: Sequence[Mapping[str, float]], cluster: Mapping[str, float],
+                          nodes: Sequence[Mapping[str, float]] | None = None) -> str | None:
+    """:func:`check_resources` for a Tune trial: ``bundles`` is its placement group
+    (``default_resource_request(config).bundles``: the trial's driver first, then runners and
+    learners), which Tune waits to reserve whole, forever when the cluster can never hold it. The
+    totals come from the bundles; the message names the knobs as :func:`check_resources` does, the
+    driver's bundle counted too."""
+    bundles = [{k: float(v or 0) for k, v in b.items()} for b in bundles]
+    demands = [_driver_demand(config, bundles[0])] + resource_demands(config) if bundles else []
+    problems, short = [], set()
+    for res in sorted({r for b in bundles for r, v in b.items() if v}):
+        need = sum(b.get(res, 0.0) for b in bundles)
+        have = float(cluster.get(res, 0) or 0)
+        if need > have + _EPS:
+            short.add(res)
+            parts = " + ".join(_describe(d, res) for d in demands if d.total(res))
+            problems.append(f"{_g(need)} {res} ({parts}) but the Ray cluster has {_g(have)}: {_fix(res)}")
+    for b in bundles if nodes else ():
+        for res, v in b.items():
+            biggest = max(float(n.get(res, 0) or 0) for n in nodes)
+            if v and v > biggest + _EPS and res not in short:  # a shortfall of the totals says it already
+                problems.append(f"a bundle of {_g(v)} {res} on one node but the largest node has {_g(biggest)}: "
+                                f"{_fix(res)}")
+    return _refusal(list(dict.fromkeys(problems)))
 
 
 # ---------------------------------------------------------------------- the Ray side
@@ -165,6 +212,26 @@ def _node_totals() -> list[dict[str, float]]:
     import ray
 
     return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def check_trial_fits(algo_class: Any, config: Any) -> None:
+    """The check of :func:`check_cluster_fits` for a run under Tune (``rllib-spear train``), made by
+    the driver before Tune starts: Tune reserves the trial's whole placement group
+    (``algo_class.default_resource_request(config)``) before ``setup`` runs, and waits forever,
+    warning every minute, when the cluster can never hold it. ValueError with the message of
+    :func:`check_resources`; only a warning when the cluster can autoscale."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    bundles = algo_class.default_resource_request(config).bundles
+    why = check_placement_group(config, bundles, ray.cluster_resources(), _node_totals())
+    if why is None:
+        return
+    if _can_autoscale():
+        logging.getLogger(__name__).warning("%s The cluster has an autoscaler: waiting for it to add nodes.", why)
+        return
+    raise ValueError(why)
 
 
 def check_cluster_fits(config: Any) -> None:
