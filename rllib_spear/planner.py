@@ -76,7 +76,7 @@ from .planning.learner import (  # noqa: F401
 __all__ = [
     "GIB", "OVERHEAD_GIB", "LearnerLayout", "EngineLayout", "ActivationPeak", "LearnerPlan", "EnginePlan",
     "MemoryPlan", "activation_peak", "packing_cases", "plan_learner", "plan_engine", "plan_memory", "plan",
-    "check_fits", "MEMORY_ERROR", "ColocatedPlan", "plan_colocated",
+    "check_fits", "MEMORY_ERROR", "ColocatedPlan", "plan_colocated", "learner_sequence_length",
 ]
 
 
@@ -208,6 +208,18 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
     return layout, engine, extras
 
 
+def learner_sequence_length(config: Any) -> int:
+    """The longest sequence a learner trains on: ``max_model_len`` (one episode) in the full
+    layout; in the window layout (``step_context="window"``, docs/design.md "Sample layouts: full
+    and window") one step sample, ``max_prompt_tokens + max_new_tokens`` (capped by
+    ``max_model_len``; ``max_prompt_tokens`` None: ``max_model_len``)."""
+    total = int(config.max_model_len)
+    if getattr(config, "step_context", "full") != "window":
+        return total
+    prompt = getattr(config, "max_prompt_tokens", None)
+    return min(total, (total if prompt is None else int(prompt)) + int(getattr(config, "max_new_tokens", 0) or 0))
+
+
 def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
     """The memory plan of a GRPOConfig (or SPEAR/SPADER config): its model (``model_config_for``),
     ``learners()``, ``env_runners()`` and ``training(micro_batch_token_budget)``; with
@@ -221,10 +233,14 @@ def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
     layout, engine, extras = _layouts_of(config)
     gpu = getattr(config, "gpu_memory_gb", None)
     eng_gpu = getattr(config, "engine_gpu_memory_gb", None)
+    seq_len = learner_sequence_length(config)  # the learner's rows: an episode, or one step sample
     out = plan_memory(shape, layout, micro_batch_token_budget=int(config.micro_batch_token_budget),
-                      max_model_len=int(config.max_model_len), gpu_memory_gb=gpu, engine=engine,
+                      max_model_len=seq_len, gpu_memory_gb=gpu, engine=engine,
                       engine_gpu_memory_gb=eng_gpu, chunk_size=extras["chunk_size"], model_source=source,
                       learner_on_gpu=extras["learner_on_gpu"], host_memory_gb=host_memory_gb)
+    if getattr(config, "step_context", "full") == "window":
+        out.notes.append(f"step_context='window': the learners train one sample per step, at most {seq_len} tokens "
+                         "(max_prompt_tokens + max_new_tokens), the learner's max_model_len above")
     if getattr(config, "colocate", False) and extras["learner_on_gpu"] and out.engine is not None:
         bucket = int(float(getattr(config, "weight_sync_bucket_mb", 0) or 0) * 2**20)
         out.colocated = plan_colocated(out.learner, out.engine, out.gpu_memory_gb,

@@ -53,13 +53,33 @@ def check_env_contract(env: Any, task: dict, *, who: str | None = None, max_step
       within ``max_steps`` turns of bad output;
     - ``episode_stats()`` returns valid :class:`EpisodeStats` with one ``queries_per_step`` entry
       at most per turn, after every turn and at the end;
-    - ``reset`` starts a fresh episode (the stats of a new episode show no tool calls yet).
+    - ``reset`` starts a fresh episode (the stats of a new episode show no tool calls yet);
+    - an env with the window layout's hook (``ToolEnv.step_prompt``) returns chat messages from
+      ``step_prompt(h)`` after ``reset`` and after every step that did not end the episode, for
+      ``h`` in 0, 1, 2.
 
     Returns the final stats of the last episode.
     """
     import math
 
-    from .envs.base import StepResult
+    from .envs.base import StepResult, supports_step_prompt
+
+    def chat(messages: Any) -> bool:
+        return isinstance(messages, list) and bool(messages) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages)
+
+    def check_step_prompt(after: str) -> None:
+        if not supports_step_prompt(env):
+            return
+        for h in (0, 1, 2):
+            try:
+                got = env.step_prompt(h)
+            except Exception as e:  # noqa: BLE001 - named in the verdict
+                _fail(who, f"step_prompt({h}) raised {type(e).__name__}: {e} {after}")
+            if not chat(got):
+                _fail(who, f"step_prompt({h}) must return a non-empty list of {{'role': str, 'content': str}} "
+                           f"messages {after}, got {got!r:.200}")
 
     who = who or type(env).__name__
     stats = None
@@ -69,6 +89,7 @@ def check_env_contract(env: Any, task: dict, *, who: str | None = None, max_step
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             _fail(who, f"reset() must return a non-empty list of {{'role': str, 'content': str}} messages, got {messages!r:.200}")
+        check_step_prompt("after reset()")
         if episode == 1:
             fresh = EpisodeStats.coerce(env.episode_stats(), who)
             if fresh.tool_calls != 0:
@@ -93,6 +114,8 @@ def check_env_contract(env: Any, task: dict, *, who: str | None = None, max_step
             if not isinstance(res.info, dict):
                 _fail(who, f"StepResult.info must be a dict, got {type(res.info).__name__}")
             done = res.done
+            if not done:
+                check_step_prompt(f"after step {n}")
             stats = EpisodeStats.coerce(env.episode_stats(), who)
             if len(stats.queries_per_step) > n:
                 _fail(who, f"queries_per_step has {len(stats.queries_per_step)} entries after {n} turns")
@@ -126,7 +149,14 @@ def check_parser_contract(parser: Any, *, who: str | None = None) -> None:
             _fail(who, f"parse() returned {len(calls)} calls, more than its max_calls={cap}")
 
 
-def _contract_group() -> list:
+#: The sample layouts every recipe-piece contract runs on (docs/design.md "Sample layouts: full
+#: and window"): the same episodes, with per-step prompts in the window layout.
+CONTRACT_LAYOUTS = ("full", "window")
+
+
+def _contract_group(layout: str = "full") -> list:
+    """Two groups of four episodes of 1-3 steps; ``layout="window"`` gives each step its own
+    prompt (``Trajectory.step_prompts``), everything else equal."""
     import numpy as np
 
     from .core.trajectory import Segment, Trajectory
@@ -146,9 +176,29 @@ def _contract_group() -> list:
             stats = make_stats(tool_calls=n_steps - 1, queries_per_step=[1] * (n_steps - 1) + [0],
                                found_entities_per_step=[[k % 3] for k in range(n_steps)], num_gold_entities=3,
                                f1=float(rng.random()), success=bool(i % 2))
+            prompts = None if layout == "full" else [[5, 6] + [7] * k for k in range(n_steps)]
             out.append(Trajectory(uid=f"g{g}", segments=segs, outcome_reward=float(rng.random()),
-                                  step_rewards=[0.0] * n_steps, stats=stats, traj_id=f"g{g}-{i}"))
+                                  step_rewards=[0.0] * n_steps, stats=stats, traj_id=f"g{g}-{i}",
+                                  step_prompts=prompts))
     return out
+
+
+def _check_step_samples(who: str, trajs: list, token_arrays: list) -> None:
+    """Window layout: the per-token arrays of each episode cut into its learner samples
+    (``core.step_samples``) are finite, of each sample's length, and 0 on the window prompts."""
+    import numpy as np
+
+    from .core.step_samples import step_samples
+
+    for t, a in zip(trajs, token_arrays):
+        try:
+            samples = step_samples(t, np.asarray(a, np.float32), t.loss_mask())
+        except ValueError as e:
+            _fail(who, f"its arrays do not cut into the window layout's step samples: {e}")
+        for s, adv, _mask, _ in samples:
+            p = s.prompt_length
+            if adv.shape != (s.length,) or not np.all(np.isfinite(adv)) or np.any(adv[:p] != 0):
+                _fail(who, "a step sample's advantages must be finite, of its length and 0 on its window prompt")
 
 
 def check_estimator_contract(name: str, cfg: Any) -> None:
@@ -161,7 +211,21 @@ def check_estimator_contract(name: str, cfg: Any) -> None:
 
     est = ADVANTAGE_ESTIMATORS.get(name)
     who = f"advantage estimator {name!r}"
-    trajs = _contract_group()
+    full = None
+    for layout in CONTRACT_LAYOUTS:
+        adv = _check_estimator_on(est, who, cfg, layout)
+        if full is None:
+            full = adv
+        elif not all(np.allclose(a, b, atol=1e-6) for a, b in zip(adv.token, full.token)):
+            # estimators work on episodes: the window layout's step prompts change nothing
+            _fail(who, "the advantages differ between the full and the window layout of the same episodes")
+
+
+def _check_estimator_on(est: Any, who: str, cfg: Any, layout: str) -> Any:
+    import numpy as np
+
+    trajs = _contract_group(layout)
+    who = who if layout == "full" else f"{who} (window layout)"
     adv = est(trajs, cfg)
     if len(adv.token) != len(trajs) or len(adv.episode) != len(trajs):
         _fail(who, "must return one token array and one episode advantage per trajectory")
@@ -180,6 +244,9 @@ def check_estimator_contract(name: str, cfg: Any) -> None:
     for j, i in enumerate(perm):
         if not np.allclose(again.token[j], adv.token[i], atol=1e-6):
             _fail(who, "the result depends on the order of the batch (groups must be found by uid)")
+    if layout == "window":
+        _check_step_samples(who, trajs, adv.token)
+    return adv
 
 
 def check_loss_mode_contract(name: str) -> None:
@@ -270,16 +337,17 @@ def check_reward_shaper_contract(name: str, cfg: Any, step: int = 150) -> None:
 
     from .recipe import REWARD_SHAPERS
 
-    who = f"reward shaper {name!r}"
-    trajs = _contract_group()
-    metrics = REWARD_SHAPERS.get(name)(trajs, step, cfg) or {}
-    if not isinstance(metrics, dict) or not all(isinstance(v, (int, float)) for v in metrics.values()):
-        _fail(who, f"must return a dict of float metrics, got {metrics!r:.200}")
-    for t in trajs:
-        if not math.isfinite(t.total_reward):
-            _fail(who, f"left trajectory {t.traj_id} with total reward {t.total_reward}")
-        if len(t.step_rewards) > max(t.num_steps, 1):
-            _fail(who, f"wrote {len(t.step_rewards)} step rewards for {t.num_steps} steps")
+    for layout in CONTRACT_LAYOUTS:
+        who = f"reward shaper {name!r}" + ("" if layout == "full" else " (window layout)")
+        trajs = _contract_group(layout)
+        metrics = REWARD_SHAPERS.get(name)(trajs, step, cfg) or {}
+        if not isinstance(metrics, dict) or not all(isinstance(v, (int, float)) for v in metrics.values()):
+            _fail(who, f"must return a dict of float metrics, got {metrics!r:.200}")
+        for t in trajs:
+            if not math.isfinite(t.total_reward):
+                _fail(who, f"left trajectory {t.traj_id} with total reward {t.total_reward}")
+            if len(t.step_rewards) > max(t.num_steps, 1):
+                _fail(who, f"wrote {len(t.step_rewards)} step rewards for {t.num_steps} steps")
 
 
 def check_response_filter_contract(name: str, cfg: Any) -> None:
@@ -287,21 +355,28 @@ def check_response_filter_contract(name: str, cfg: Any) -> None:
     from .recipe import RESPONSE_FILTERS
 
     f = RESPONSE_FILTERS.get(name)
-    for t in _contract_group():
-        v = f(t, cfg)
-        if not isinstance(v, bool):
-            _fail(f"response filter {name!r}", f"must return a bool, got {v!r}")
+    verdicts = {}
+    for layout in CONTRACT_LAYOUTS:
+        verdicts[layout] = []
+        for t in _contract_group(layout):
+            v = f(t, cfg)
+            if not isinstance(v, bool):
+                _fail(f"response filter {name!r}", f"must return a bool, got {v!r} ({layout} layout)")
+            verdicts[layout].append(v)
+    if verdicts["window"] != verdicts["full"]:  # filters judge episodes, whatever the layout
+        _fail(f"response filter {name!r}", "flags different episodes in the full and the window layout")
 
 
 def _contract_sil_batches(steps: int) -> list:
-    """One SILBatch per step 1..steps: the contract group (fresh traj_ids per step), its outcome
-    advantages R_i - mean_g R and group stats, nothing filtered."""
+    """One SILBatch per step 1..steps: the contract group (fresh traj_ids per step; the even
+    steps in the window layout, so a buffer holds and replays both), its outcome advantages
+    R_i - mean_g R and group stats, nothing filtered."""
     from .core.advantages import group_reward_stats
     from .recipe.sil_buffer import SILBatch
 
     out = []
     for t in range(1, steps + 1):
-        trajs = _contract_group()
+        trajs = _contract_group(CONTRACT_LAYOUTS[t % 2 == 0])
         for tr in trajs:
             tr.traj_id = f"step{t}-{tr.traj_id}"
         stats = group_reward_stats([tr.total_reward for tr in trajs], [tr.uid for tr in trajs])
@@ -311,7 +386,8 @@ def _contract_sil_batches(steps: int) -> list:
     return out
 
 
-def _checked_sample(buf: Any, step: int, added: set[str], who: str) -> list[tuple[str, float]]:
+def _checked_sample(buf: Any, step: int, added: dict[str, str], who: str) -> list[tuple[str, float]]:
+    """``buf.sample(step)`` checked; ``added``: traj_id -> layout of every trajectory added."""
     import math
     import numbers
 
@@ -330,6 +406,9 @@ def _checked_sample(buf: Any, step: int, added: set[str], who: str) -> list[tupl
             _fail(who, f"sample(step={step}) must return (Trajectory, finite float A~) pairs, got {item!r:.200}")
         if item[0].traj_id not in added:
             _fail(who, f"sample(step={step}) replayed {item[0].traj_id!r}, which was never added")
+        if item[0].layout != added[item[0].traj_id]:
+            _fail(who, f"sample(step={step}) replayed {item[0].traj_id!r} in the {item[0].layout} layout; it was "
+                       f"added in the {added[item[0].traj_id]} layout (keep Trajectory.step_prompts)")
         got.append((item[0].traj_id, float(item[1])))
     return got
 
@@ -364,7 +443,7 @@ def check_replay_buffer_contract(make_buffer: Callable[[], Any], *, who: str | N
     if not isinstance(buf, ReplayBufferInterface):
         _fail(who, "is not a ray.rllib.utils.replay_buffers.base.ReplayBufferInterface (subclass SILReplayBuffer "
                    "or ReplayBufferInterface)")
-    added: set[str] = set()
+    added: dict[str, str] = {}  # traj_id -> layout
     clone, replayed = None, False
     for i, batch in enumerate(_contract_sil_batches(steps)):
         if i == restore_at:
@@ -381,7 +460,7 @@ def check_replay_buffer_contract(make_buffer: Callable[[], Any], *, who: str | N
             if again != got:
                 _fail(who, f"after set_state(get_state()) before step {restore_at + 1}, step {batch.step} replays "
                            f"{again[:4]}... instead of {got[:4]}... (the state must hold everything, RNG included)")
-        added.update(tr.traj_id for tr in batch.trajectories)
+        added.update((tr.traj_id, tr.layout) for tr in batch.trajectories)
         buf.add(batch)
         if clone is not None:
             clone.add(copy.deepcopy(batch))

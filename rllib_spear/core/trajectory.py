@@ -88,6 +88,13 @@ class Trajectory:
             output only, never an input of another stage.
         task: the task dict the episode was sampled for (user reward functions read it).
         traj_id: unique id of this rollout.
+        step_prompts: the sample layout (docs/design.md "Sample layouts: full and window").
+            None (layout ``"full"``): the episode is one context, ``segments`` in order. A list
+            (layout ``"window"``, ``.env_runners(step_context="window")``): the token ids of the
+            prompt each step k was sampled from (len == num_steps); ``segments`` still hold the
+            episode's prompt, assistant and observation spans in order, so estimators, filters
+            and SIL read the episode as in the full layout, and the learner trains one sample
+            per step (core/step_samples.py).
     """
 
     uid: str
@@ -102,10 +109,19 @@ class Trajectory:
     derived: dict[str, Any] = field(default_factory=dict)
     task: dict[str, Any] = field(default_factory=dict)
     traj_id: str = ""
+    step_prompts: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if not self.segments or self.segments[0].kind != "prompt":
             raise ValueError("Trajectory.segments must start with a 'prompt' segment")
+        if self.step_prompts is not None and len(self.step_prompts) != self.num_steps:
+            raise ValueError(f"Trajectory.step_prompts has {len(self.step_prompts)} prompts for "
+                             f"{self.num_steps} steps; the window layout needs one per step")
+
+    @property
+    def layout(self) -> str:
+        """``"window"`` (one sample per step, ``step_prompts`` set) or ``"full"`` (one context)."""
+        return "full" if self.step_prompts is None else "window"
 
     def require_stats(self, who: str) -> EpisodeStats:
         """The episode stats, or an error naming ``who`` needs them (synthetic trajectory)."""
@@ -205,14 +221,17 @@ class Trajectory:
                  **({} if s.policy_version is None else {"policy_version": s.policy_version})}
                 for s in self.segments
             ],
+            **({} if self.step_prompts is None else {"step_prompts": [list(p) for p in self.step_prompts]}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
         segs = [Segment(**s) for s in d["segments"]]
-        rest = {k: v for k, v in d.items() if k not in ("segments", "stats", "rollout")}
+        rest = {k: v for k, v in d.items() if k not in ("segments", "stats", "rollout", "step_prompts")}
         stats = None if d.get("stats") is None else EpisodeStats.from_dict(d["stats"])
-        return cls(segments=segs, stats=stats, rollout=RolloutRecord.from_dict(d.get("rollout") or {}), **rest)
+        prompts = d.get("step_prompts")  # absent in the full layout and in older checkpoints
+        return cls(segments=segs, stats=stats, rollout=RolloutRecord.from_dict(d.get("rollout") or {}),
+                   step_prompts=None if prompts is None else [list(p) for p in prompts], **rest)
 
 
 @dataclass

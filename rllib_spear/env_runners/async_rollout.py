@@ -34,7 +34,13 @@ its text never reaches the env). When the late call returns, its reward replaces
 episode as an ``env_step`` error. An episode that ends while its abandoned call still runs waits up
 to ``tool_timeout_s`` more; after that its env cannot be read safely: the trajectory is an
 ``episode_stats`` error (no success, as for an env whose ``episode_stats`` raised) and the env is
-dropped from the pool, never reused.
+dropped from the pool, never reused. With ``step_context="window"`` a timed-out step ends its
+episode as an ``env_step`` error instead: the next step's prompt comes from the environment
+(``ToolEnv.step_prompt``), which the abandoned call still owns.
+
+Window layout (``RolloutConfig.step_context="window"``, docs/design.md "Sample layouts: full and
+window"): each request's context is the step's own prompt, as in the turn-synchronous loop (the
+shared ``_take_turn`` / ``_take_step`` / ``_generation_cap`` do it).
 
 Stats (``RolloutStats``): ``generation_time_s`` is the time with at least one request in the
 engine and ``engine_idle_s`` the rest of the loop's span; ``env_time_s`` is the resets plus the
@@ -273,6 +279,14 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
                     break
                 res, pending, pending_turn = await self._step(ep, text, pending, pending_turn, run)
                 if res is None:
+                    break
+                if pending is not None and self.config.window:
+                    # the window layout's next prompt is the env's (step_prompt), and the
+                    # abandoned call still owns the env: the episode ends here
+                    self._fail(ep, "env_step", ToolCallStillRunning(
+                        f"an env step ran past tool_timeout_s={self.tool_timeout_s:g} s; with step_context='window' "
+                        "the next step's prompt comes from the environment, which the abandoned call still owns, "
+                        "so the episode ends"), run.stats)
                     break
                 self._take_step(ep, res, run.stats)
             if pending is not None:

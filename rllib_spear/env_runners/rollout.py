@@ -40,7 +40,7 @@ import numpy as np
 from ..core.episode import EpisodeStats, EpisodeStatsError, RolloutRecord
 from ..core.filters import is_overlong
 from ..core.trajectory import Segment, Trajectory
-from ..envs.base import StepResult, ToolEnv
+from ..envs.base import StepResult, ToolEnv, supports_step_prompt
 from .engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from .text_safety import safe_text
 from .tool_pool import ToolPool
@@ -48,7 +48,51 @@ from .tool_pool import ToolPool
 logger = logging.getLogger(__name__)
 
 __all__ = ["ObservationTemplate", "RolloutConfig", "RolloutStats", "MultiTurnRollout", "step_rewards_from_env",
-           "DEFAULT_STEP_TIMEOUT_S", "EnvStepTimeout", "resolve_step_timeout"]
+           "DEFAULT_STEP_TIMEOUT_S", "EnvStepTimeout", "resolve_step_timeout", "STEP_CONTEXTS",
+           "check_step_context", "require_step_prompt"]
+
+#: The sample layouts (``.env_runners(step_context=...)``, docs/design.md "Sample layouts: full
+#: and window"): "full" = the episode is one growing context; "window" = each step is sampled
+#: from its own prompt (``ToolEnv.step_prompt``) and is one learner sample.
+STEP_CONTEXTS = ("full", "window")
+
+
+def check_step_context(step_context: Any, history_steps: Any, max_prompt_tokens: Any, max_model_len: Any,
+                       min_generation_tokens: int = 8) -> list[str]:
+    """The problems of the layout knobs, each naming the ``.env_runners(...)`` key and the fix
+    (empty when they are fine); shared by ``RolloutConfig`` and ``GRPOConfig.validate()``."""
+    out = []
+    if step_context not in STEP_CONTEXTS:
+        out.append(f"`step_context` must be 'full' (one context per episode) or 'window' (one sample per step, "
+                   f"its prompt from the env's step_prompt) (.env_runners(step_context=...)), got {step_context!r}")
+    if isinstance(history_steps, bool) or not isinstance(history_steps, (int, np.integer)) or history_steps < 0:
+        out.append(f"`history_steps` (earlier steps shown in a window-layout step prompt) must be an integer >= 0 "
+                   f"(.env_runners(history_steps=2)), got {history_steps!r}")
+    m = max_prompt_tokens
+    if m is not None:
+        if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+            out.append(f"`max_prompt_tokens` (the window layout's per-step prompt budget) must be an integer >= 1 or "
+                       f"None (.env_runners(max_prompt_tokens=2048)), got {m!r}")
+        elif isinstance(max_model_len, (int, np.integer)) and m + min_generation_tokens > max_model_len:
+            out.append(f"`max_prompt_tokens` ({m}) leaves less than {min_generation_tokens} tokens of `max_model_len` "
+                       f"({max_model_len}) to generate in: set max_model_len >= max_prompt_tokens + max_new_tokens "
+                       "(.env_runners(max_model_len=...))")
+        elif step_context == "full":
+            out.append(f"`max_prompt_tokens` ({m}) is the window layout's per-step prompt budget; with "
+                       "step_context='full' it means nothing: leave it None, or set step_context='window'")
+    return out
+
+
+def require_step_prompt(env: Any, label: str | None = None) -> None:
+    """ValueError unless ``env`` (an instance or class) implements ``ToolEnv.step_prompt``, the
+    hook the window layout needs."""
+    if not supports_step_prompt(env):
+        name = label or (env.__name__ if isinstance(env, type) else type(env).__name__)
+        raise ValueError(f"step_context='window' needs the environment's per-step prompt, but {name} does not "
+                         "implement ToolEnv.step_prompt(history_steps) (the chat messages of the next step: the task, "
+                         "the last history_steps (observation, action) pairs, the current observation; see "
+                         "rllib_spear.envs.text_game.GymTextToolEnv); implement it, or use "
+                         ".env_runners(step_context='full')")
 
 #: Generous: no healthy env step comes near it (the code sandbox caps a cell at 30 s on its own),
 #: so it changes no result, yet a hung step (a dead HTTP endpoint) cannot stall a run forever.
@@ -170,6 +214,17 @@ class RolloutConfig:
     prompt, over the whole episode (Dr.BoT's episode-level "overlong" threshold and the default
     T_norm of seq-mean-token-sum-norm). ``max_observation_tokens``: an observation longer than
     this is cut (tail dropped).
+
+    Sample layout (docs/design.md "Sample layouts: full and window"): ``step_context="full"``
+    (default) grows one context per episode, with the budgets above. ``"window"``: every step is
+    sampled from its own prompt, the environment's ``step_prompt(history_steps)`` (the task, the
+    last ``history_steps`` steps, the current observation), and is one learner sample; each step
+    is capped by ``min(max_new_tokens, max_model_len - len(step prompt))``, ``max_response_tokens``
+    is no episode budget there (each sample's response is one action; it stays the default
+    T_norm), and a step prompt over ``max_prompt_tokens`` (None = only ``max_model_len``), or one
+    leaving less than ``min_generation_tokens`` of ``max_model_len``, ends the episode truncated
+    with ``reached_max_length`` before that step (a first step's prompt that does not fit is a
+    ValueError, as a full-layout prompt over ``max_model_len`` is).
     """
 
     max_turns: int = 4
@@ -178,6 +233,19 @@ class RolloutConfig:
     max_observation_tokens: int = 256
     observation_template: str = "chatml"  # "chatml" | "llama3" | "chat_template" (ObservationTemplate.named)
     min_generation_tokens: int = 8  # stop cleanly when less than this is left in the budget
+    step_context: str = "full"  # "full" | "window" (STEP_CONTEXTS)
+    history_steps: int = 2  # window: earlier steps a step prompt shows (the released env.history_length)
+    max_prompt_tokens: int | None = None  # window: the per-step prompt budget
+
+    def __post_init__(self) -> None:
+        problems = check_step_context(self.step_context, self.history_steps, self.max_prompt_tokens,
+                                      self.max_model_len, self.min_generation_tokens)
+        if problems:
+            raise ValueError("RolloutConfig: " + "; ".join(problems))
+
+    @property
+    def window(self) -> bool:
+        return self.step_context == "window"
 
 
 @dataclass
@@ -246,6 +314,7 @@ class _Episode:
     error: str | None = None  # "<ExceptionType>: message" when a turn raised
     error_stage: str | None = None
     env_error: str | None = None  # repr of an exception raised by env.step (older key)
+    step_prompts: list[list[int]] | None = None  # window layout: the prompt of every step taken or to take
 
 
 def step_rewards_from_env(env_rewards: Sequence[float], turns: int, outcome: float) -> list[float]:
@@ -306,6 +375,10 @@ class MultiTurnRollout:
         eos = tokenizer.eos_token_id
         if eos is not None and eos not in self.sampling.stop_token_ids:
             self.sampling.stop_token_ids = [*self.sampling.stop_token_ids, int(eos)]
+        if self.config.window:  # refuse an env without the per-step prompt now, not mid-batch
+            env = env_factory()
+            require_step_prompt(env)
+            self._env_pool.append(env)
 
     # -- env pool: environments are reused across calls (they may hold retrievers/sandboxes)
     def _acquire_env(self) -> ToolEnv:
@@ -339,7 +412,7 @@ class MultiTurnRollout:
         stats = RolloutStats()
         episodes = self._start_episodes(tasks, group_size, stats)
         t_loop, live_time = time.perf_counter(), 0.0
-        live = list(episodes)
+        live = [ep for ep in episodes if not ep.done]  # (a window episode may fail at its first prompt)
         stats.concurrent_episodes_max = len(live)
         while live:
             t_turn = time.perf_counter()
@@ -382,6 +455,9 @@ class MultiTurnRollout:
                 continue
             for env, messages in started:
                 prompt = self._prompt_ids(messages, getattr(env, "tool_schemas", None))
+                if cfg.window:  # the episode's prompt is a segment only; the engine reads the step's
+                    episodes.append(self._window_episode(uid, env, prompt, task, stats))
+                    continue
                 if len(prompt) + cfg.min_generation_tokens > cfg.max_model_len:
                     raise ValueError(
                         f"task {uid}: prompt has {len(prompt)} tokens, more than "
@@ -390,6 +466,37 @@ class MultiTurnRollout:
                 episodes.append(_Episode(uid, env, [Segment("prompt", prompt)], list(prompt), task))
         stats.env_time_s += time.perf_counter() - t0
         return episodes
+
+    def _window_episode(self, uid: str, env: ToolEnv, prompt: list[int], task: dict[str, Any],
+                        stats: RolloutStats) -> _Episode:
+        """A window-layout episode: ``prompt`` (the reset messages) opens its segments, its first
+        step's prompt (``env.step_prompt``) is the engine's context. A first step prompt that does
+        not fit the budgets is a ValueError (a config problem, as a full prompt over max_model_len)."""
+        ep = _Episode(uid, env, [Segment("prompt", prompt)], [], task, step_prompts=[])
+        try:
+            first = self._step_prompt_ids(env)
+        except Exception as exc:  # a broken hook ends this episode only (no step taken)
+            self._fail(ep, "step_prompt", exc, stats)
+            return ep
+        if self._prompt_over_budget(len(first)):
+            cfg = self.config
+            raise ValueError(f"task {uid}: the first step prompt has {len(first)} tokens, more than max_prompt_tokens="
+                             f"{cfg.max_prompt_tokens} / max_model_len={cfg.max_model_len} (minus min_generation_tokens="
+                             f"{cfg.min_generation_tokens}) allow; raise .env_runners(max_prompt_tokens=..., max_model_len=...)")
+        ep.context = list(first)
+        ep.step_prompts.append(first)
+        return ep
+
+    def _step_prompt_ids(self, env: ToolEnv) -> list[int]:
+        """The tokenized prompt of ``env``'s next step (window layout)."""
+        return self._prompt_ids(env.step_prompt(int(self.config.history_steps)), getattr(env, "tool_schemas", None))
+
+    def _prompt_over_budget(self, n: int) -> bool:
+        """Window layout: a step prompt of ``n`` tokens leaves no room for its step."""
+        cfg = self.config
+        if cfg.max_prompt_tokens is not None and n > cfg.max_prompt_tokens:
+            return True
+        return cfg.max_model_len - n < cfg.min_generation_tokens
 
     def _reset_group(self, task: dict[str, Any], group_size: int,
                      stats: RolloutStats) -> list[tuple[ToolEnv, Any]]:
@@ -439,6 +546,8 @@ class MultiTurnRollout:
     def _generation_cap(self, ep: _Episode) -> int:
         cfg = self.config
         left_ctx = cfg.max_model_len - len(ep.context)
+        if cfg.window:  # the context is this step's prompt; max_response_tokens is no episode budget
+            return max(1, min(self.sampling.max_new_tokens, left_ctx))
         left_resp = cfg.max_response_tokens - ep.response_tokens
         return max(1, min(self.sampling.max_new_tokens, left_ctx, left_resp))
 
@@ -529,6 +638,9 @@ class MultiTurnRollout:
             self._fail(ep, stage, exc, stats)
             return
         cfg = self.config
+        if cfg.window:
+            self._next_window_step(ep, obs_ids, stats)
+            return
         room_ctx = cfg.max_model_len - (len(ep.context) + len(obs_ids))
         room_resp = cfg.max_response_tokens - (ep.response_tokens + len(obs_ids))
         if min(room_ctx, room_resp) < cfg.min_generation_tokens:
@@ -538,6 +650,23 @@ class MultiTurnRollout:
         ep.segments.append(Segment("observation", obs_ids, None, step=ep.turns - 1))
         ep.context.extend(obs_ids)
         ep.response_tokens += len(obs_ids)
+
+    def _next_window_step(self, ep: _Episode, obs_ids: list[int], stats: RolloutStats) -> None:
+        """Window layout: the observation joins the episode's segments (not the context) and the
+        next step's prompt becomes the context; a prompt over the budget ends the episode
+        truncated (``reached_max_length``) before that step."""
+        try:
+            prompt = self._step_prompt_ids(ep.env)
+        except Exception as exc:
+            self._fail(ep, "step_prompt", exc, stats)
+            return
+        if self._prompt_over_budget(len(prompt)):
+            ep.done, ep.truncated, ep.reached_max_length = True, True, True
+            return
+        ep.segments.append(Segment("observation", obs_ids, None, step=ep.turns - 1))
+        ep.response_tokens += len(obs_ids)
+        ep.context = list(prompt)
+        ep.step_prompts.append(prompt)
 
     def _observation_ids(self, observation: Any) -> list[int]:
         """Tokens of the observation wrapped by the template (tail cut to the budget)."""
@@ -583,7 +712,11 @@ class MultiTurnRollout:
             ep.truncated = True
             if ep.error is None:
                 ep.error, ep.error_stage = _describe(exc), "episode_stats"
-        reached = ep.reached_max_length or is_overlong(ep.response_tokens, self.config.max_response_tokens)
+        # window layout: no episode budget (each sample's response is one step)
+        reached = ep.reached_max_length or (not self.config.window
+                                            and is_overlong(ep.response_tokens, self.config.max_response_tokens))
+        # window layout: one prompt per step taken (a prompt whose step failed is dropped)
+        prompts = None if ep.step_prompts is None else ep.step_prompts[:ep.turns]
         record = RolloutRecord(turns=ep.turns, assistant_texts=list(ep.texts), reached_max_length=bool(reached),
                                turn_hit_cap=list(ep.turn_hit_cap), error=ep.error, error_stage=ep.error_stage,
                                env_error=ep.env_error)
@@ -593,5 +726,5 @@ class MultiTurnRollout:
             step_rewards=step_rewards_from_env(ep.env_rewards, ep.turns, stats.outcome_reward),
             policy_version=min(versions, default=int(policy_version)),
             truncated=ep.truncated, stats=stats, rollout=record, task=dict(ep.task),
-            traj_id=uuid.uuid4().hex,
+            traj_id=uuid.uuid4().hex, step_prompts=prompts,
         )

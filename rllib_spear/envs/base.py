@@ -11,7 +11,7 @@ from typing import Any
 
 from ..core.episode import EpisodeStats
 
-__all__ = ["StepResult", "ToolEnv", "EpisodeStats"]
+__all__ = ["StepResult", "ToolEnv", "EpisodeStats", "supports_step_prompt"]
 
 
 @dataclass
@@ -61,3 +61,28 @@ class ToolEnv(ABC):
         repeats included; SPADER's reward keeps only first discoveries), ``num_gold_entities``.
         Anything else goes to ``extra``. A missing or mistyped required key stops the run with
         an error naming the environment and the key."""
+
+    def step_prompt(self, history_steps: int) -> list[dict[str, str]]:
+        """Optional hook of the window layout (``.env_runners(step_context="window")``,
+        docs/design.md "Sample layouts: full and window"): the chat messages of the prompt for
+        the step about to be taken: the task, the last ``history_steps`` (observation, action)
+        pairs of this episode (fewer when fewer were taken; none at the first step) and the
+        current observation, as the released agent harnesses (verl-agent's
+        ``build_text_obs``) render each step. The environment records that history itself in
+        ``step``. Called after ``reset`` and after every ``step`` that did not end the episode;
+        the rollout tokenizes the messages with the chat template (generation prompt added) and
+        samples the step from them alone.
+
+        The base implementation raises ``NotImplementedError``: an environment without it runs
+        only the full layout (one context per episode), and asking for the window layout with
+        it is refused by ``config.validate()`` and by the rollout."""
+        raise NotImplementedError(f"{type(self).__name__} has no step_prompt(history_steps): it runs only "
+                                  "step_context='full'")
+
+
+def supports_step_prompt(env_or_cls: Any) -> bool:
+    """Whether an environment (instance or class) overrides :meth:`ToolEnv.step_prompt`, i.e. can
+    run the window layout."""
+    cls = env_or_cls if isinstance(env_or_cls, type) else type(env_or_cls)
+    impl = getattr(cls, "step_prompt", None)
+    return callable(impl) and impl is not ToolEnv.step_prompt

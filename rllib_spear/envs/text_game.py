@@ -32,7 +32,7 @@ from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.parsers import check_think_format, get_parser
 
 __all__ = ["generate_game", "TextGame", "TextGameGym", "GymTextToolEnv", "TextGameEnv", "solve_game",
-           "TEXT_GAME_SYSTEM_PROMPT"]
+           "TEXT_GAME_SYSTEM_PROMPT", "STEP_TEMPLATE_NO_HIS", "STEP_TEMPLATE"]
 
 ROOMS = {
     "kitchen": ["fridge", "counter"],
@@ -50,6 +50,33 @@ OBJECTS = ["apple", "key", "book", "mug", "coin", "candle", "pen", "plate", "soc
 TEXT_GAME_SYSTEM_PROMPT = (
     "You play a text game. Each turn, think inside <think>...</think>, then give exactly one "
     "admissible action inside <action>...</action>."
+)
+
+
+# The per-step prompts of the window layout (GymTextToolEnv.step_prompt, docs/design.md "Sample
+# layouts: full and window"): the released agent tree's ALFWorld templates, word for word
+# (ALFWORLD_TEMPLATE_NO_HIS / ALFWORLD_TEMPLATE of verl-agent's
+# agent_system/environments/prompts/alfworld.py, its "observaitons" typo included), with one
+# adaptation: "the ALFRED Embodied Environment" is ``{environment}`` (our games are not ALFRED;
+# GymTextToolEnv.step_prompt_environment). The <think>/<action> format is ours too.
+_STEP_TURN = (
+    "Now it's your turn to take an action.\n"
+    "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
+    "within <think> </think> tags. \n"  # (the released text has this trailing space)
+    "Once you've finished your reasoning, you should choose an admissible action for current step and present it "
+    "within <action> </action> tags.\n"
+)
+STEP_TEMPLATE_NO_HIS = (
+    "\nYou are an expert agent operating in {environment}.\n"
+    "Your current observation is: {current_observation}\n"
+    "Your admissible actions of the current situation are: [{admissible_actions}].\n\n" + _STEP_TURN
+)
+STEP_TEMPLATE = (
+    "\nYou are an expert agent operating in {environment}. Your task is to: {task_description}\n"
+    "Prior to this step, you have already taken {step_count} step(s). Below are the most recent {history_length} "
+    "observaitons and the corresponding actions you took: {action_history}\n"
+    "You are now at step {current_step} and your current observation is: {current_observation}\n"
+    "Your admissible actions of the current situation are: [{admissible_actions}].\n\n" + _STEP_TURN
 )
 
 
@@ -268,6 +295,8 @@ class GymTextToolEnv(ToolEnv):
     """
 
     tag = "observation"
+    #: who the window layout's step prompt says the agent is in (STEP_TEMPLATE's {environment})
+    step_prompt_environment = "a text-based household game"
 
     def __init__(self, make_gym: Callable[[dict], Any], *, max_turns: int = 12, success_reward: float = 10.0,
                  invalid_action_penalty: float = 0.1, system_prompt: str = TEXT_GAME_SYSTEM_PROMPT,
@@ -290,10 +319,16 @@ class GymTextToolEnv(ToolEnv):
         self.admissible: list[str] = []
         self.last_info: dict = {}
         self.queries_per_step: list[int] = []
+        self.step_penalties: list[float] = []  # per step: -invalid_action_penalty or 0 (GiGPO, 3.5)
         self.invalid_actions = 0
         self.unformatted_steps = 0  # steps with no single <action>..</action>: Dr.BoT's "incomplete"
         self.format_ok = True
         self.outcome = 0.0
+        # window layout (step_prompt): (observation the step was taken at, its action), the
+        # task text, and the observation of the step about to be taken
+        self.step_history: list[tuple[str, str]] = []
+        self.task_text = ""
+        self.current_obs = ""
 
     def _render(self, text: str) -> str:
         text = str(text).strip()
@@ -316,6 +351,10 @@ class GymTextToolEnv(ToolEnv):
         self.admissible = list(info.get("admissible_commands") or [])
         self.last_info = dict(info)
         self.done = False
+        self.current_obs = str(obs).strip()
+        # the released harness reads the task from the first observation (extract_task)
+        cut = self.current_obs.find("Your task is to: ")
+        self.task_text = self.current_obs[cut + len("Your task is to: "):].strip() if cut >= 0 else self.current_obs
         return [{"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": self._render(obs)}]
 
@@ -335,8 +374,13 @@ class GymTextToolEnv(ToolEnv):
         else:
             err = parsed.error
             self.unformatted_steps += 1
+        # the history the window layout's step prompt shows: the released projection's action
+        # (the <action> text lower-cased, or the reply's last 30 characters without one)
+        said = cand.lower() if parsed.kind == "tool" else str(assistant_text).lower()[-30:]
+        self.step_history.append((self.current_obs, said))
         reward, info = 0.0, {"valid_action": action is not None}
         self.queries_per_step.append(1)
+        self.step_penalties.append(0.0 if action is not None else -float(self.invalid_action_penalty))
         if action is None:
             self.invalid_actions += 1
             self.format_ok = False
@@ -368,12 +412,42 @@ class GymTextToolEnv(ToolEnv):
             self.done = True
             info["truncated"] = True
             return StepResult(None, reward, True, info)
+        self.current_obs = str(text).strip()
         return StepResult(f"<observation>{self._render(text)}</observation>", reward, False, info)
+
+    def step_prompt(self, history_steps: int) -> list[dict[str, str]]:
+        """The window layout's prompt of the next step (``ToolEnv.step_prompt``): the released
+        ALFWorld step template (``STEP_TEMPLATE_NO_HIS`` at the first step or with
+        ``history_steps=0``, else ``STEP_TEMPLATE`` with the last ``history_steps`` steps as
+        ``[Observation n: '...', Action n: '...']`` lines, verl-agent's ``SimpleMemory.fetch``),
+        one user message as there."""
+        cap = self.max_obs_chars
+
+        def clip(text: str) -> str:
+            return text if len(text) <= cap else text[:cap] + " ...[truncated]"
+
+        admissible = "\n ".join(f"'{a}'" for a in self.admissible if a != "help")
+        taken = len(self.step_history)
+        if taken == 0 or history_steps <= 0:
+            content = STEP_TEMPLATE_NO_HIS.format(environment=self.step_prompt_environment,
+                                                  current_observation=clip(self.current_obs),
+                                                  admissible_actions=admissible)
+        else:
+            recent = self.step_history[-history_steps:]
+            first = taken - len(recent) + 1
+            lines = [f"[Observation {first + j}: '{clip(o)}', Action {first + j}: '{a}']"
+                     for j, (o, a) in enumerate(recent)]
+            content = STEP_TEMPLATE.format(environment=self.step_prompt_environment, task_description=self.task_text,
+                                           step_count=taken, history_length=len(recent),
+                                           action_history="\n".join(lines), current_step=taken + 1,
+                                           current_observation=clip(self.current_obs), admissible_actions=admissible)
+        return [{"role": "user", "content": content}]
 
     def episode_stats(self) -> EpisodeStats:
         return EpisodeStats.coerce({
             "tool_calls": self.turns,
             "queries_per_step": list(self.queries_per_step),
+            "step_penalties": list(self.step_penalties),
             "success": self.won,
             "format_ok": self.format_ok,
             # Dr.BoT's "incomplete" filter (docs/algorithms.md 1.5) on an agent task: a step with

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from ..core.losses import LossNormalizer, loss_normalizer
+from ..core.step_samples import step_samples
 from ..core.trajectory import Trajectory, collate_trajectories
 
-__all__ = ["LearnerRow", "build_learner_batches", "epoch_minibatch_ids"]
+__all__ = ["LearnerRow", "build_learner_batches", "epoch_minibatch_ids", "expand_step_rows"]
 
 
 class LearnerRow:
@@ -24,6 +25,21 @@ class LearnerRow:
                  old_logp: np.ndarray | None = None) -> None:
         self.traj, self.advantages, self.loss_mask = traj, advantages, loss_mask
         self.is_replay, self.loss_weight, self.old_logp = is_replay, loss_weight, old_logp
+
+
+def expand_step_rows(rows: Sequence[LearnerRow]) -> list[LearnerRow]:
+    """One row per learner sample: a window-layout episode (``Trajectory.step_prompts``) becomes
+    one row per step (``core.step_samples.step_samples``: its window prompt and its action, the
+    episode's arrays sliced there), keeping the row's ``is_replay`` and ``loss_weight``; a
+    full-layout row stays as it is (docs/design.md "Sample layouts: full and window")."""
+    out: list[LearnerRow] = []
+    for r in rows:
+        if r.traj.step_prompts is None:
+            out.append(r)
+            continue
+        for traj, adv, mask, old in step_samples(r.traj, r.advantages, r.loss_mask, r.old_logp):
+            out.append(LearnerRow(traj, adv, mask, is_replay=r.is_replay, loss_weight=r.loss_weight, old_logp=old))
+    return out
 
 
 def _groups(rows: Sequence[LearnerRow]) -> list[list[int]]:
@@ -89,9 +105,14 @@ def build_learner_batches(
     non-empty sequence count) are computed per (epoch, mini-batch, on-policy|replay) over the
     whole global batch and written on each row. The per-epoch columns ``minibatch_id``,
     ``norm_num_tokens`` and ``norm_num_seqs`` are [B, num_epochs].
+
+    Rows are learner samples: window-layout episodes are expanded first into one row per step
+    (:func:`expand_step_rows`), so ``minibatch_size``, the normalizers (a step sample is one
+    sequence) and the grouping by uid (an episode's steps share its task's uid) count samples.
     """
     if not rows:
         raise ValueError("build_learner_batches: rows is empty")
+    rows = expand_step_rows(rows)
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, (int, np.integer)) or num_epochs < 1:
         raise ValueError(f"build_learner_batches: num_epochs must be an int >= 1, got {num_epochs!r}")
     n_shards = max(1, num_learners)

@@ -107,7 +107,12 @@ class GRPOConfig(AlgorithmConfig):
         per-episode budgets: prompt + response, and every token after the prompt, observations
         included; docs/recipes.md "Token budgets"), max_observation_tokens,
         observation_template ("chatml" | "llama3" | "chat_template": a ``tool`` message through the
-        tokenizer's chat template, docs/tools.md); the agent loop (docs/design.md "The agent
+        tokenizer's chat template, docs/tools.md); the sample layout (docs/design.md "Sample
+        layouts: full and window"): step_context ("full": one context per episode, the default;
+        "window": every step is one sample whose prompt is the env's ``step_prompt(history_steps)``,
+        the task, the last ``history_steps`` steps and the current observation), history_steps
+        (default 2) and max_prompt_tokens (window: the per-step prompt budget, None = what
+        max_model_len leaves); the agent loop (docs/design.md "The agent
         loop"): rollout_mode ("turn_sync" | "async"), and for "async" tool_concurrency (env steps
         at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
         (docs/design.md "Fault tolerance"): step_timeout_s (one env step; tool_timeout_s is its
@@ -359,6 +364,7 @@ class GRPOConfig(AlgorithmConfig):
         self._check_rollout_pipeline(err)
         self._check_evaluation(err)
         self._check_agent_loop(err)
+        self._check_step_context(err)
         # The loss knobs are checked by the core loss config itself, for the on-policy and the
         # replay loss alike: one source of truth, and what passes here cannot fail in the learner.
         for replay in (False, True):
@@ -372,6 +378,8 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`group_filter_keep_fraction` must be in (0, 1] or None, got {kf!r}")
         if self.engine not in ("hf", "vllm"):
             err(f"`engine` must be 'hf' or 'vllm' (set it with .env_runners(engine=...)), got {self.engine!r}")
+        from ...env_runners.engines import check_engine_kwargs  # an engine_kwargs key the engine does not take
+        check_engine_kwargs(self, err)
         # a tensor-parallel vLLM runner holds its k GPUs (docs/design.md "Cluster placement")
         resolve_runner_gpus(self, err)
         # colocated mode: a learner rank and an engine per GPU (docs/design.md "Cluster placement")
@@ -498,6 +506,34 @@ class GRPOConfig(AlgorithmConfig):
             err("`max_policy_lag` must be >= 1 with rollout_pipeline='async' (groups finish while the learners "
                 f"train, so most are at least one update old and {lag} would drop them), or use "
                 "rollout_pipeline='sync'")
+
+    def _check_step_context(self, err) -> None:
+        """``step_context`` / ``history_steps`` / ``max_prompt_tokens`` (docs/design.md "Sample
+        layouts: full and window"); "window" needs an env with ``ToolEnv.step_prompt`` (checked
+        here when the env spec resolves to a class, else when the runner builds its rollout)."""
+        from ...env_runners.rollout import check_step_context, require_step_prompt
+
+        for problem in check_step_context(self.step_context, self.history_steps, self.max_prompt_tokens,
+                                          self.max_model_len):
+            err(problem)
+        if self.step_context != "window":
+            return
+        if self.max_prompt_tokens is not None and isinstance(self.max_new_tokens, int) \
+                and self.max_prompt_tokens + self.max_new_tokens > self.max_model_len:
+            err(f"`max_model_len` ({self.max_model_len}) is one step sample with step_context='window': it must hold "
+                f"max_prompt_tokens ({self.max_prompt_tokens}) + max_new_tokens ({self.max_new_tokens}); set "
+                f".env_runners(max_model_len={self.max_prompt_tokens + self.max_new_tokens})")
+        from ...envs.registry import resolve_env
+
+        try:
+            cls = resolve_env(self.env).env_cls  # a built-in imports its module here
+        except Exception:  # noqa: BLE001 - an unresolvable env is reported by the `env` check
+            return
+        if cls is not None:
+            try:
+                require_step_prompt(cls)
+            except ValueError as e:
+                err(f"`step_context`: {e}")
 
     def _check_agent_loop(self, err) -> None:
         """``rollout_mode`` / ``tool_concurrency`` / ``tool_timeout_s`` (docs/design.md "The agent loop")."""

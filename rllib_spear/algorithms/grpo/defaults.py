@@ -86,6 +86,12 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_response_tokens": 512,  # per-episode budget: every token after the prompt (docs/recipes.md)
     "max_observation_tokens": 256,
     "observation_template": "chatml",
+    # the sample layout (docs/design.md "Sample layouts: full and window"): "full" = one context per
+    # episode; "window" = every step is one sample, its prompt the env's step_prompt(history_steps)
+    # (the task, the last history_steps steps, the current observation) of at most max_prompt_tokens
+    "step_context": "full",
+    "history_steps": 2,
+    "max_prompt_tokens": None,  # window: per-step prompt budget; None = max_model_len - the step's room
     # the agent loop (docs/design.md "The agent loop"): "turn_sync" generates every live episode's
     # turn in one batch, then steps the envs one after another; "async" runs each episode at its
     # own pace (continuous batching, env steps on tool_concurrency threads, tool_timeout_s)

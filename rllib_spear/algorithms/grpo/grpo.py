@@ -41,6 +41,7 @@ from ray.rllib.utils.metrics import (
 )
 
 from ...callbacks import run_trajectory_callbacks
+from ...core.step_samples import sample_lengths
 from ...core.trajectory import Trajectory
 from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
 from ...recipe.recipe import Metrics
@@ -192,7 +193,7 @@ class GRPO(Algorithm):
             for k, v in cycle.pop_seconds().items():
                 self.metrics.log_value(("colocate", f"engine_{k}_s"), v, window=1)
         self._log_rollout_metrics(trajs, runner_stats, kept.fractions, t_sample)
-        trained_tokens = sum(int(r.traj.length) for r in rows + replay.rows)
+        trained_tokens = sum(sample_lengths([r.traj for r in rows + replay.rows]))  # per step sample in window
         self.metrics.log_value("train_tokens_per_s", trained_tokens / max(t_train, 1e-9), window=1)
         self.metrics.log_value("learner_update_s", t_train, window=1)
         self.metrics.log_value("algo_step", step, window=1)
