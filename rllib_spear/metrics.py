@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .core.step_samples import sample_lengths
 from .core.trajectory import Trajectory
 
 __all__ = ["rollout_metrics", "reward_component_key", "task_metrics", "pass_at_k", "pass_at_k_values",
@@ -43,7 +44,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     reward_fns/<name>_mean for a user reward function); success_rate; em/f1/precision/recall
     means when the environment reports them; tool_call_rate = fraction of episodes with at
     least one tool call; tool_calls_per_episode; turns_mean; response_length_mean (tokens after
-    the prompt); truncation_rate; rollout_error_rate (fraction of episodes ended by an exception
+    the prompt); learner_samples, sample_length_mean and sample_length_max (the learner's
+    samples: one per episode, or one per step with ``step_context="window"``); truncation_rate; rollout_error_rate (fraction of episodes ended by an exception
     while building a turn, ``Trajectory.rollout.error``; counted in truncation_rate too) and
     rollout_errors (their count); sandbox_weak_rate (code environments: share of episodes whose
     code ran outside bubblewrap); generation tokens/s over all runners; policy_version_lag_max;
@@ -74,6 +76,11 @@ def rollout_metrics(trajs: Sequence[Trajectory], runner_stats: Sequence[dict[str
     out["turns_mean"] = _mean([t.num_steps for t in trajs])
     out["response_length_mean"] = _mean([t.response_length for t in trajs])
     out["generated_length_mean"] = _mean([t.num_generated_tokens for t in trajs])
+    # what the learner trains on: one sample per episode (full layout) or per step (window)
+    lengths = sample_lengths(trajs)
+    out["learner_samples"] = float(len(lengths))
+    out["sample_length_mean"] = _mean(lengths)
+    out["sample_length_max"] = float(max(lengths))
     out["truncation_rate"] = _mean([float(t.truncated) for t in trajs])
     errored = [float(t.rollout.error is not None) for t in trajs]
     out["rollout_error_rate"] = _mean(errored)
