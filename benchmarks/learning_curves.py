@@ -57,12 +57,18 @@ MULTI = {
 }
 # the text game (the stand-in of ALFWorld): outcome GRPO, GiGPO on the same GRPO algorithm (only the
 # estimator changes), and SPEAR (Dr.BoT tricks + SIL + tool bonus) on GiGPO as in the released
-# ALFWorld script (configs/spear_qwen2.5_1.5b_text_game.yaml)
+# ALFWorld script (configs/spear_qwen2.5_1.5b_text_game.yaml). All three in the agent tree's form:
+# group statistics over step rows (docs/algorithms.md 1.1), SIL admitting steps (2.2), and (build_config,
+# --game-layout) one sample per step with 2 steps of history
 TEXT_GAME = {
-    "GRPO-game": ("GRPO-LLM", {}),
-    "GiGPO-game": ("GRPO-LLM", {"advantage_estimator": "gigpo"}),
-    "SPEAR-GiGPO-game": ("SPEAR", {"advantage_estimator": "gigpo"}),
+    "GRPO-game": ("GRPO-LLM", {"group_stats_over": "steps"}),
+    "GiGPO-game": ("GRPO-LLM", {"advantage_estimator": "gigpo", "group_stats_over": "steps"}),
+    "SPEAR-GiGPO-game": ("SPEAR", {"advantage_estimator": "gigpo", "group_stats_over": "steps",
+                                   "sil_admission": "step"}),
 }
+#: the text game's per-step sample in the window layout: a step prompt of the embedded tokenizer is
+#: at most ~770 tokens with 2 steps of history; the embedded model's positions stop at 2048
+TEXT_GAME_WINDOW = {"history_steps": 2, "max_prompt_tokens": 1536}
 #: the suites of ``--suite``: main = the search benchmark (main variants, ablations, multi-answer)
 SUITES = ("main", "text_game")
 #: turns of a text-game episode: the scripted solutions of the embedded train games take 3 to 8
@@ -118,6 +124,12 @@ def build_config(algo: str, overrides: dict[str, Any], env: str, seed: int, args
     max_model_len, max_response, max_new = token_budgets(env, turns)
     cfg.env_runners(num_env_runners=1, engine="hf", temperature=1.0, max_new_tokens=max_new,
                     max_turns=turns, max_model_len=max_model_len, max_response_tokens=max_response)
+    if env == "text_game" and getattr(args, "game_layout", "full") == "window":
+        # one sample per step (the released agent tree): prompt + one action; the response budget
+        # (and T_norm) is the action's
+        window = TEXT_GAME_WINDOW
+        cfg.env_runners(step_context="window", max_model_len=window["max_prompt_tokens"] + max_new,
+                        max_response_tokens=max_new, **window)
     train = {"group_size": args.group_size, "tasks_per_iteration": args.tasks, "lr": args.lr,
              # schedules scaled to the short run (the papers use 200 steps)
              "tool_reward_steps": max(args.iterations // 2, 1),
@@ -464,6 +476,9 @@ def main() -> None:
     ap.add_argument("--multi-model-path", default="embedded:multi_answer_search",
                     help="cold start of the multi-answer runs (default: the embedded policy after a "
                          "multi-answer reading stage and demonstrations; the search_qa policy never lists entities)")
+    ap.add_argument("--game-layout", choices=("window", "full"), default="window",
+                    help="text game: one sample per step with 2 steps of history (the released agent tree, "
+                         "default) or one context per episode")
     ap.add_argument("--game-model-path", default="embedded:text_game",
                     help="cold start of the text-game runs (default: the embedded policy after the text game's "
                          "demonstrations; the search_qa policy never writes an <action>)")

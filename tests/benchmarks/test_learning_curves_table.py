@@ -111,11 +111,29 @@ def test_reach_targets_are_per_task_baselines():
 
 
 def test_text_game_suite_variants_and_budgets():
-    assert lc.TEXT_GAME["GiGPO-game"] == ("GRPO-LLM", {"advantage_estimator": "gigpo"})
-    assert lc.TEXT_GAME["SPEAR-GiGPO-game"] == ("SPEAR", {"advantage_estimator": "gigpo"})
+    # the agent tree's form (docs/algorithms.md 1.1, 2.2): statistics over step rows, SIL admits steps
+    assert lc.TEXT_GAME["GRPO-game"] == ("GRPO-LLM", {"group_stats_over": "steps"})
+    assert lc.TEXT_GAME["GiGPO-game"] == ("GRPO-LLM", {"advantage_estimator": "gigpo", "group_stats_over": "steps"})
+    assert lc.TEXT_GAME["SPEAR-GiGPO-game"] == ("SPEAR", {"advantage_estimator": "gigpo", "group_stats_over": "steps",
+                                                          "sil_admission": "step"})
     max_model_len, response, per_turn = lc.token_budgets("text_game", lc.TEXT_GAME_MAX_TURNS)
     assert max_model_len <= 2048 and response + 256 == max_model_len and per_turn == 64  # embedded positions
     assert lc.token_budgets("search_qa", 3) == (768, 384, 48)
+
+
+def test_text_game_runs_one_sample_per_step_by_default():
+    """--game-layout window (the default): the released per-step sample with 2 steps of history,
+    prompt + action within the embedded model's 2048 positions."""
+    import argparse
+
+    args = argparse.Namespace(max_turns=None, group_size=2, tasks=2, lr=3e-4, iterations=5, sil_capacity=8, cpus=2,
+                              game_model_path="embedded", game_layout="window")
+    cfg = lc.build_config("SPEAR", lc.TEXT_GAME["SPEAR-GiGPO-game"][1], "text_game", 0, args)
+    assert (cfg.step_context, cfg.history_steps, cfg.max_prompt_tokens) == ("window", 2, 1536)
+    assert cfg.max_model_len == 1536 + cfg.max_new_tokens <= 2048
+    assert (cfg.group_stats_over, cfg.sil_admission, cfg.advantage_estimator) == ("steps", "step", "gigpo")
+    args.game_layout = "full"
+    assert lc.build_config("GRPO-LLM", {}, "text_game", 0, args).step_context == "full"
 
 
 def test_run_order_by_variant_or_by_seed():
