@@ -225,13 +225,7 @@ def check_trial_fits(algo_class: Any, config: Any) -> None:
     if not ray.is_initialized():
         return
     bundles = algo_class.default_resource_request(config).bundles
-    why = check_placement_group(config, bundles, ray.cluster_resources(), _node_totals())
-    if why is None:
-        return
-    if _can_autoscale():
-        logging.getLogger(__name__).warning("%s The cluster has an autoscaler: waiting for it to add nodes.", why)
-        return
-    raise ValueError(why)
+    _refuse_unless_autoscaling(check_placement_group(config, bundles, ray.cluster_resources(), _node_totals()))
 
 
 def check_cluster_fits(config: Any) -> None:
@@ -241,7 +235,12 @@ def check_cluster_fits(config: Any) -> None:
 
     if not ray.is_initialized() or _in_placement_group():
         return
-    why = check_resources(config, ray.cluster_resources(), _node_totals())
+    _refuse_unless_autoscaling(check_resources(config, ray.cluster_resources(), _node_totals()))
+
+
+def _refuse_unless_autoscaling(why: str | None) -> None:
+    """ValueError(``why``) when the cluster cannot hold the run, only a warning when it can
+    autoscale (it may add the nodes); nothing when ``why`` is None."""
     if why is None:
         return
     if _can_autoscale():
