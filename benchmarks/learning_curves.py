@@ -447,6 +447,15 @@ def run_order(plan: list[tuple], seed_major: bool = False) -> list[tuple]:
     return [(*entry[:-1], [seed]) for seed in range(rounds) for entry in plan if seed < entry[-1]]
 
 
+def finished_trials(df, iterations: int) -> tuple[list[dict], set[tuple[str, int]]]:
+    """The rows of the (variant, seed) trials of a runs.csv that reached ``iterations``, and those
+    pairs (``--continue``: a run cut short reruns only what it had not finished)."""
+    reached = df.groupby(["variant", "seed"])["iteration"].max()
+    done = {(str(v), int(s)) for (v, s), it in reached.items() if it >= iterations}
+    keep = df[[(str(v), int(s)) in done for v, s in zip(df.variant, df.seed)]]
+    return keep.to_dict("records"), done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1 seed, 40 iterations, main variants only (< 10 min)")
@@ -465,6 +474,8 @@ def main() -> None:
     ap.add_argument("--seed-major", action="store_true",
                     help="run seed 0 of every variant, then seed 1, ... (a run cut short keeps every variant)")
     ap.add_argument("--cpus", type=int, default=2)
+    ap.add_argument("--continue", dest="continue_run", action="store_true",
+                    help="keep the trials of --out/runs.csv that reached --iterations and run only the others")
     ap.add_argument("--no-ablations", action="store_true")
     ap.add_argument("--no-multi", action="store_true", help="skip SPADER vs GRPO on multi-answer search")
     ap.add_argument("--suite", choices=SUITES, default="main",
@@ -526,7 +537,14 @@ def main() -> None:
     ray.init(num_cpus=args.cpus, include_dashboard=False, ignore_reinit_error=True)
     t0 = time.time()
     rows: list[dict] = []
+    done: set[tuple[str, int]] = set()
+    if args.continue_run and (out / "runs.csv").exists():  # a run cut short: keep its finished trials
+        rows, done = finished_trials(pd.read_csv(out / "runs.csv"), args.iterations)
+        print(f"continuing {out}: {len(done)} finished trial(s) kept: {sorted(done)}", flush=True)
     for name, algo, over, env, seeds in run_order(plan, args.seed_major):
+        seeds = [s for s in seeds if (name, s) not in done]
+        if not seeds:
+            continue
         rows += run_variant(name, algo, over, env, seeds, args)
         pd.DataFrame(rows).to_csv(out / "runs.csv", index=False)  # partial results survive a kill
     wall_s = time.time() - t0

@@ -140,3 +140,13 @@ def test_run_order_by_variant_or_by_seed():
     plan = [("A", "GRPO-LLM", {}, "text_game", 2), ("B", "SPEAR", {}, "text_game", 1)]
     assert lc.run_order(plan) == [("A", "GRPO-LLM", {}, "text_game", [0, 1]), ("B", "SPEAR", {}, "text_game", [0])]
     assert [(r[0], r[-1]) for r in lc.run_order(plan, seed_major=True)] == [("A", [0]), ("B", [0]), ("A", [1])]
+
+
+def test_continue_keeps_the_finished_trials_only():
+    import pandas as pd
+
+    df = pd.DataFrame({"variant": ["A", "A", "B", "B", "A"], "seed": [0, 0, 0, 0, 1], "iteration": [1, 2, 1, 2, 1],
+                       "success": [0.0] * 5})
+    rows, done = lc.finished_trials(df, iterations=2)
+    assert done == {("A", 0), ("B", 0)}  # seed 1 of A stopped at iteration 1: run again
+    assert [(r["variant"], r["seed"], r["iteration"]) for r in rows] == [("A", 0, 1), ("A", 0, 2), ("B", 0, 1), ("B", 0, 2)]
