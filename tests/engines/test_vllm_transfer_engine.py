@@ -119,7 +119,7 @@ def test_sync_serves_the_new_weights_and_sets_the_version(transfer_engine, tiny_
     trainer.shutdown()
 
 
-def test_unfinished_sync_keeps_the_old_version_and_a_new_group_repairs_it(transfer_engine, tiny_path):
+def test_unfinished_sync_leaves_no_valid_version_and_a_new_group_repairs_it(transfer_engine, tiny_path):
     seq = list(range(3, 30))
     model = _perturbed(tiny_path, 3)
     good, client = _trainer(transfer_engine, model, "t2")
@@ -131,11 +131,13 @@ def test_unfinished_sync_keeps_the_old_version_and_a_new_group_repairs_it(transf
     client.pending_version = 7
     with pytest.raises(Exception):
         bad.send_weights()
-    # the engine's receive times out; the update never finished: the old version stays
+    # the engine's receive times out; the update never finished and some layers may hold the new
+    # weights: the engine claims no version (-1; its samples are not taken for version 6's), and
+    # is not left paused (docs/design.md "vLLM async engine")
     import time
 
     time.sleep(7)
-    assert transfer_engine.version == 6
+    assert transfer_engine.version == -1
     fixed, client = _trainer(transfer_engine, bad_model, "t4")
     client.pending_version = 7
     fixed.send_weights()
