@@ -26,7 +26,7 @@ from .piece import ErrorFn, Piece, check_choice, piece_decorator
 
 __all__ = ["Advantages", "ADVANTAGE_ESTIMATORS", "register_advantage_estimator", "step_rewards_with_outcome",
            "gigpo_anchors", "step_penalties", "env_step_rewards", "step_row_scores", "episode_advantages",
-           "check_group_stats_over"]
+           "check_group_stats_over", "step_rows"]
 
 ADVANTAGE_ESTIMATORS: Registry[Piece] = Registry(
     "advantage estimator", register_hint="rllib_spear.recipe.register_advantage_estimator")
@@ -65,10 +65,20 @@ def _stats_over(cfg: Any) -> str:
 def step_rewards_with_outcome(t: Trajectory) -> list[float]:
     """Per-step rewards r_k with the episode-level reward terms added on the last step, so that
     sum_k r_k == t.total_reward."""
-    r = [float(x) for x in t.step_rewards] or [0.0]
-    r = r + [0.0] * max(0, t.num_steps - len(r))
+    r = _padded_step_rewards(t)
     r[-1] += float(t.outcome_reward + sum(t.rewards.values()))
     return r
+
+
+def step_rows(t: Trajectory) -> int:
+    """How many step rows ``t`` counts for with ``group_stats_over="steps"`` (1.1): its steps, at least 1."""
+    return len(_padded_step_rewards(t))
+
+
+def _padded_step_rewards(t: Trajectory) -> list[float]:
+    """``t.step_rewards``, one per step (a missing step pays 0; at least one entry)."""
+    r = [float(x) for x in t.step_rewards] or [0.0]
+    return r + [0.0] * max(0, t.num_steps - len(r))
 
 
 def step_penalties(t: Trajectory, n_steps: int) -> list[float]:
@@ -82,8 +92,7 @@ def env_step_rewards(t: Trajectory) -> list[float]:
     """What the environment alone paid per step, penalties left out (docs/algorithms.md 3.5):
     ``r_k = step_rewards_k - p_k``, the outcome added on the last step; the named bonus terms
     (SPEAR's tool-call bonus) are not step rewards and stay out."""
-    r = [float(x) for x in t.step_rewards] or [0.0]
-    r = r + [0.0] * max(0, t.num_steps - len(r))
+    r = _padded_step_rewards(t)
     r = [x - p for x, p in zip(r, step_penalties(t, len(r)))]
     r[-1] += float(t.outcome_reward)
     return r
@@ -92,8 +101,7 @@ def env_step_rewards(t: Trajectory) -> list[float]:
 def step_row_scores(t: Trajectory) -> list[float]:
     """The episode score of each step row, as the released agent tree has it (3.5): the return
     without penalties plus the penalty of that row, ``s_k = R - sum_j p_j + p_k``."""
-    n = len(step_rewards_with_outcome(t))
-    p = step_penalties(t, n)
+    p = step_penalties(t, step_rows(t))
     base = t.total_reward - math.fsum(p)
     return [base + x for x in p]
 
@@ -105,7 +113,7 @@ def episode_advantages(trajs: list[Trajectory], cfg: Any) -> np.ndarray:
     uids = [t.uid for t in trajs]
     if _stats_over(cfg) != "steps":
         return group_advantages(rewards, uids, std_normalize=False)
-    weights = [len(step_rewards_with_outcome(t)) for t in trajs]
+    weights = [step_rows(t) for t in trajs]
     means = group_reward_stats(rewards, uids, weights=weights)
     return rewards - np.array([means[u][0] for u in uids])
 

@@ -24,7 +24,7 @@ from ..core.advantages import group_reward_stats
 from ..core.schedules import sil_weight
 from ..core.trajectory import Trajectory
 from .batching import LearnerRow
-from .estimators import step_rewards_with_outcome
+from .estimators import step_rows
 from .piece import ErrorFn, check_choice, check_ints, check_numbers
 from .sil_buffer import SILBatch, SILReplayBuffer
 from .sil_spec import DEFAULT_REPLAY_BUFFER_CONFIG, build_sil_buffer, check_replay_buffer_config
@@ -152,7 +152,7 @@ class SelfImitation:
         (``step_adv``) is > 0, and only those steps are replayed (``derived["sil_steps"]``)."""
         weights = None
         if getattr(self.cfg, "group_stats_over", "trajectories") == "steps":
-            weights = [len(step_rewards_with_outcome(t)) for t in trajs]
+            weights = [step_rows(t) for t in trajs]
         stats = group_reward_stats([t.total_reward for t in trajs], [t.uid for t in trajs], weights=weights)
         if self.cfg.sil_admission == "step":
             trajs, episode_adv = _admit_steps(trajs, step_adv)
