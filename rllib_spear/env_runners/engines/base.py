@@ -48,6 +48,10 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list)  # stop strings, kept in the output
     stop_token_ids: list[int] = field(default_factory=list)  # eos is always a stop
     seed: int | None = None
+    # One seed per prompt of a ``generate`` call (the batching scheduler sets it from its requests'
+    # seeds): an engine that honours it samples each row from its own stream, so a request's tokens
+    # do not depend on which other requests share its batch. None: one stream from ``seed``.
+    row_seeds: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or self.temperature < 0:

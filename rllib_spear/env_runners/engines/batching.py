@@ -21,11 +21,14 @@ strings, caps) for little gain on the CPU runs and tests this engine serves; the
 the one ``generate`` already has, rows still leave the batch as soon as they finish, and the cost
 is that a request arriving during a decode waits for it to end.
 
-Seeds: a ``generate`` call draws from one seeded generator for the whole batch, so the batch's
-seed is derived from its requests' seeds (:func:`batch_seed`, independent of their arrival order)
-and the rows are put in seed order. The same requests batched the same way give the same tokens;
-which requests share a batch depends on timing, so the results of the async loop are identically
-distributed to the turn-synchronous loop's, not identical to them.
+Seeds: when every request of a batch has a seed, the batch carries them as
+``SamplingConfig.row_seeds`` and an engine that honours it (the HF engine's per-row streams,
+``hf_engine.RowStreams``) samples each row from its own seed: a request's tokens then depend on its
+prompt and seed, not on which requests shared its batch, so a fixed seed reproduces an async run
+whatever the timing (up to the last-bit rounding that another batch shape can give the logits).
+An engine that ignores ``row_seeds`` draws from one generator seeded with :func:`batch_seed` (the
+same for any arrival order; the rows are put in seed order): the same requests batched the same way
+give the same tokens.
 """
 from __future__ import annotations
 
@@ -215,7 +218,9 @@ class BatchingScheduler:
         # seed order, arrival order among equal seeds: the rows do not depend on who came first
         batch.sort(key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0))
         caps = [min(r.cap, r.sampling.max_new_tokens) for r in batch]
-        sampling = dataclasses.replace(batch[0].sampling, seed=batch_seed([r.seed for r in batch]),
+        seeds = [r.seed for r in batch]
+        sampling = dataclasses.replace(batch[0].sampling, seed=batch_seed(seeds),
+                                       row_seeds=None if None in seeds else tuple(int(x) for x in seeds),
                                        max_new_tokens=max(1, max(caps)))
         t0 = time.perf_counter()
         try:

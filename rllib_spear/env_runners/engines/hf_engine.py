@@ -29,7 +29,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 from ...models.dtypes import torch_dtype
 from .base import GenerationEngine, GenerationOutput, SamplingConfig
 
-__all__ = ["HFEngine", "PreallocatedLayer", "apply_top_k_top_p", "group_identical", "sample_categorical"]
+__all__ = ["HFEngine", "PreallocatedLayer", "RowStreams", "apply_top_k_top_p", "group_identical", "sample_categorical"]
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) logits outside the top-k and outside the smallest set with mass >= top_p.
@@ -47,13 +47,53 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.T
     return logits
 
 
-def sample_categorical(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+class RowStreams:
+    """One random stream per row of a batch (``SamplingConfig.row_seeds``), so a row's draws
+    depend on its own seed and its own step count alone, never on the other rows of its batch.
+
+    The uniform of row r at its step t is counter-based (no generator state to carry):
+
+        x = splitmix64(seed_r + (t + 1) * 0x9E3779B97F4A7C15 mod 2^64),  u = (x >> 11) / 2^53
+
+    ``splitmix64`` is the finaliser of Steele et al.'s SplitMix64: every 64-bit input maps to a
+    distinct, well-mixed output, and the top 53 bits give a double uniform on [0, 1).
+    """
+
+    _MASK = (1 << 64) - 1
+    _GAMMA = 0x9E3779B97F4A7C15
+
+    def __init__(self, seeds: Sequence[int]) -> None:
+        self.seeds = [int(s) & self._MASK for s in seeds]
+        self.steps = [0] * len(self.seeds)
+
+    @classmethod
+    def _splitmix64(cls, x: int) -> int:
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & cls._MASK
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & cls._MASK
+        return x ^ (x >> 31)
+
+    def uniforms(self, rows: Sequence[int]) -> list[float]:
+        """The next uniform of each of ``rows`` (indices into the seeds), advancing their counters."""
+        out = []
+        for r in rows:
+            self.steps[r] += 1
+            x = self._splitmix64((self.seeds[r] + self.steps[r] * self._GAMMA) & self._MASK)
+            out.append((x >> 11) * (1.0 / (1 << 53)))
+        return out
+
+    def subset(self, rows: Sequence[int]) -> "RowStreams":
+        """The streams of ``rows`` (a chunk of a larger call), at step 0."""
+        return RowStreams([self.seeds[r] for r in rows])
+
+
+def sample_categorical(probs: torch.Tensor, gen: torch.Generator | torch.Tensor) -> torch.Tensor:
     """One draw per row of the categorical distributions ``probs`` ``[rows, vocab]`` (rows need
     not sum to 1; zeros are never drawn), by inverse-CDF sampling from one uniform per row:
 
         C_j = sum_{i <= j} p_i (in float64),  u ~ U[0, 1),  token = min{j : C_j > u * C_V}
 
-    so P(token = j) = p_j / C_V. ``torch.multinomial`` draws one random number per vocabulary
+    so P(token = j) = p_j / C_V. ``gen`` is the generator u is drawn from, or the uniforms
+    themselves (``[rows]`` float64, :class:`RowStreams`). ``torch.multinomial`` draws one random number per vocabulary
     entry per row; this draws one per row (the decode loop's largest cost on small models).
     A token of zero mass (top-k/top-p masked, a -inf logit) has C_j == C_{j-1} exactly (adding
     0.0 is exact), so ``C_j > u * C_V >= C_{j-1}`` never holds for it; ``u * C_V`` rounded up to
@@ -62,7 +102,10 @@ def sample_categorical(probs: torch.Tensor, gen: torch.Generator) -> torch.Tenso
     """
     cdf = probs.to(torch.float64).cumsum(-1)
     total = cdf[:, -1:].contiguous()  # searchsorted copies a strided query otherwise
-    u = torch.rand(total.shape, generator=gen, dtype=torch.float64, device=probs.device) * total
+    if isinstance(gen, torch.Tensor):
+        u = gen.to(device=probs.device, dtype=torch.float64).reshape(total.shape) * total
+    else:
+        u = torch.rand(total.shape, generator=gen, dtype=torch.float64, device=probs.device) * total
     idx = torch.searchsorted(cdf, u, right=True)
     last = torch.searchsorted(cdf, total)
     return torch.minimum(idx, last).squeeze(-1)
@@ -240,6 +283,9 @@ class HFEngine(GenerationEngine):
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
+        if sampling.row_seeds is not None and len(sampling.row_seeds) != n:
+            raise ValueError(f"SamplingConfig.row_seeds has {len(sampling.row_seeds)} seeds for {n} prompts")
+        streams = RowStreams(sampling.row_seeds) if sampling.row_seeds is not None else None
         gen = torch.Generator(device=self.device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else random.SystemRandom().randrange(2**63))
         outputs: list[GenerationOutput | None] = [None] * n
@@ -250,7 +296,8 @@ class HFEngine(GenerationEngine):
         bs = self.max_batch_size or max(1, len(todo))
         for s in range(0, len(todo), bs):
             idx = todo[s : s + bs]
-            res = self._generate_batch([prompts[i] for i in idx], sampling, [caps[i] for i in idx], gen)
+            res = self._generate_batch([prompts[i] for i in idx], sampling, [caps[i] for i in idx],
+                                       gen if streams is None else streams.subset(idx))
             for i, r in zip(idx, res):
                 outputs[i] = r
         return outputs  # type: ignore[return-value]
@@ -335,7 +382,8 @@ class HFEngine(GenerationEngine):
         """The first ``kv_len`` key positions of the prepared mask (None: no padding)."""
         return mask4[..., :kv_len] if mask4.numel() else None
 
-    def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int], gen) -> list[GenerationOutput]:
+    def _generate_batch(self, prompts, sampling: SamplingConfig, caps: list[int],
+                        gen: torch.Generator | RowStreams) -> list[GenerationOutput]:
         dev = self.device
         B = len(prompts)
 
@@ -362,7 +410,9 @@ class HFEngine(GenerationEngine):
             if T == 0.0:  # greedy: the argmax (first on ties), no draw; log-probs at T = 1
                 nxt = scaled.argmax(dim=-1)
             else:
-                nxt = sample_categorical(self._sampling_probs(scaled, logp_full, sampling), gen)
+                draw = gen if isinstance(gen, torch.Generator) else \
+                    torch.tensor(gen.uniforms(rows.tolist()), dtype=torch.float64)
+                nxt = sample_categorical(self._sampling_probs(scaled, logp_full, sampling), draw)
             lp = logp_full.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             nxt_l, lp_l, rows_l = nxt.tolist(), lp.tolist(), rows.tolist()
             for t, l, r in zip(nxt_l, lp_l, rows_l):
