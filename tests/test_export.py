@@ -118,16 +118,16 @@ def test_cli_export_takes_a_trial_folder(tiny_model, tmp_path, capsys, umask_022
     assert "weights version 2" in capsys.readouterr().out
 
 
-def test_readme_prompting_example_runs(tiny_model, tmp_path, monkeypatch):
-    """README "Prompting an exported policy" on an exported folder: the messages it builds are
+def test_documented_prompting_example_runs(tiny_model, tmp_path, monkeypatch):
+    """docs/usage.md "Prompting an exported policy" on an exported folder: the messages it builds are
     the env's (system prompt first), and generation runs."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = readme.split("### Prompting an exported policy")[1].split("```python\n")[1].split("```")[0]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    code = doc.split("## Prompting an exported policy")[1].split("```python\n")[1].split("```")[0]
     _write_checkpoint(tmp_path / "ckpt", tiny_model)
     export_checkpoint(tmp_path / "ckpt", tmp_path / "exported_model")
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the documented snippet itself
+    exec(compile(code, "docs/usage.md", "exec"), scope)  # noqa: S102 - the documented snippet itself
     assert scope["messages"][0] == {"role": "system", "content": scope["meta"]["system_prompt"]}
     assert scope["messages"][1]["content"] == "Question: Which river flows through Veloria?"
     assert scope["out"].shape[1] > scope["inputs"]["input_ids"].shape[1]

@@ -1,4 +1,4 @@
-"""benchmarks/chaos.py's bookkeeping (the run itself takes minutes: its output is in the README):
+"""benchmarks/chaos.py's bookkeeping (the run itself takes minutes: its output is in docs/benchmarks.md):
 the seeded schedule puts every kill once, the runner's first, in distinct iterations strictly
 inside the run; the lineage of attempts finds where each restart resumed and which records
 count (the last of each iteration)."""
