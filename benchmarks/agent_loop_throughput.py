@@ -89,7 +89,7 @@ def env_factory(args, latency: str):
 
 
 def make_rollout(mode, engine, tokenizer, args, latency):
-    from rllib_spear.env_runners.async_rollout import make_rollout as make
+    from rllib_spear.env_runners.rollout_modes import make_rollout as make
     from rllib_spear.env_runners.engines.base import SamplingConfig
     from rllib_spear.env_runners.rollout import RolloutConfig
 
@@ -97,7 +97,7 @@ def make_rollout(mode, engine, tokenizer, args, latency):
                 sampling=SamplingConfig(temperature=1.0, max_new_tokens=args.max_new, seed=0),
                 config=RolloutConfig(max_turns=args.max_turns, max_model_len=args.max_model_len,
                                      max_response_tokens=args.max_response),
-                tool_concurrency=args.tool_concurrency, tool_timeout_s=args.tool_timeout)
+                tool_concurrency=args.tool_concurrency, step_timeout_s=args.tool_timeout)
 
 
 def run_once(rollout, tasks, args, seed):
@@ -173,7 +173,8 @@ def main(argv=None) -> None:
     ap.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma")
     ap.add_argument("--seed", type=int, default=0, help="latency draws")
     ap.add_argument("--tool-concurrency", type=int, default=None, help="async: None = one per episode")
-    ap.add_argument("--tool-timeout", type=float, default=300.0, help="async tool_timeout_s")
+    ap.add_argument("--tool-timeout", type=float, default=300.0,
+                    help="the env-step watchdog, s (step_timeout_s: async times the tool call out, turn_sync ends the episode)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)

@@ -22,7 +22,7 @@ update core, FSDP2, the weight-sync sender and the HF engine, torch and transfor
    on CUDA tensors through host copies (slow, but the same learner code). Checks: each rank holds
    about half of the parameters / gradients / AdamW state (``learner.state_bytes()``); the step's
    gradient norm equals a 1-rank FSDP learner's on the same batch; the gathered weights
-   (``learner.engine_state()``, what the algorithm ships) load into the vLLM engine
+   (``learner.weight_senders.weights.state()``, what the algorithm ships) load into the vLLM engine
    (``VLLMEngine.update_weights``), whose parameters then equal the learner's (cast to the engine
    dtype; fused qkv / gate-up projections compared against the concatenated HF tensors) and whose
    log-probs move and match an HF fp32 reference with the learner's weights. Prints each rank's

@@ -5,7 +5,7 @@ installed (benchmarks/gpu_check.py needs both). ``ray`` and ``vllm`` are made un
 before ``rllib_spear`` is imported (``None`` in ``sys.modules``: ``import ray`` raises
 ``ModuleNotFoundError`` and ``importlib.util.find_spec("ray")`` is None, as when it is not
 installed), so every stage runs the
-library's Ray-free modules -- the learner's update core (``algorithms/grpo/update_core.py``,
+library's Ray-free modules -- the learner's update core (``learner/core.py``,
 which ``GRPOTorchLearner`` itself runs), the model loader (``models/hf_policy.py``), the
 micro-batching, the optimizer builder, FSDP2 sharding, the planner, the weight-sync sender and
 the HF engine -- whatever else is installed. One command, one JSON line per stage on stdout:
@@ -17,7 +17,7 @@ the HF engine -- whatever else is installed. One command, one JSON line per stag
    gradient error, and the peak memory of each.
 3. ``fsdp_1p5b``: a random-init Qwen2.5-1.5B-shaped model (the bundled config.json, no download)
    FSDP2-sharded over a one-rank process group (NCCL; gloo on CPU), bf16 mixed precision with
-   float32 master weights, activation checkpointing, trained through ``update_core.LocalUpdate``
+   float32 master weights, activation checkpointing, trained through ``learner.core.LocalUpdate``
    (micro-batched forward, masked token log-probs, the Clip-Cov policy loss, backward, global
    grad norm and clipping, AdamW step): tokens/s, MFU and the peak memory against the planner's
    figure for the same layout (``planning.learner.plan_learner``).
@@ -70,10 +70,10 @@ STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_offload", "fsdp_7b_cut", "we
 #: The modules the stages use; none may import Ray or vLLM.
 RAY_FREE_MODULES = (
     "rllib_spear", "rllib_spear.registration",
-    "rllib_spear.algorithms.grpo.update_core", "rllib_spear.algorithms.grpo.microbatching",
-    "rllib_spear.algorithms.grpo.learner_optim", "rllib_spear.models.hf_policy", "rllib_spear.models.logprobs",
+    "rllib_spear.learner", "rllib_spear.learner.core", "rllib_spear.learner.microbatching",
+    "rllib_spear.learner.optim", "rllib_spear.learner.module_layout", "rllib_spear.models.hf_policy", "rllib_spear.models.logprobs",
     "rllib_spear.models.sharding", "rllib_spear.models.shapes", "rllib_spear.models.tokenizer",
-    "rllib_spear.planner", "rllib_spear.planning.learner", "rllib_spear.core.losses",
+    "rllib_spear.planning", "rllib_spear.planning.learner", "rllib_spear.core.losses",
     "rllib_spear.recipe.batching", "rllib_spear.weight_streaming.buckets",
     "rllib_spear.env_runners.engines.hf_engine",
 )
@@ -221,7 +221,7 @@ def _init_process_group(a, dev) -> None:
 def _sharded_model(a, dev, cfg: dict, cpu_offload: bool = False):
     """The learner's FSDP path on rank 0: build (random init, the library's loader), shard
     (``shard_causal_lm``), fill the shards from the full state (``load_full_state_from_rank0``).
-    ``cpu_offload``: as the learner does it (``learner_setup``): the full model in host memory,
+    ``cpu_offload``: as the learner does it (``learner.module_layout``): the full model in host memory,
     sharded on ``offload_mesh`` (a group with a CPU backend beside NCCL) with FSDP2's CPU
     offload. The random init runs on ``dev`` either way (the same seed then gives the same
     weights: CPU and CUDA draw different streams), and the offloaded model moves to host first."""
@@ -366,12 +366,12 @@ def stage_logprobs(a, dev, blocked: BlockImports) -> dict:
 
 
 def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
-    """Build the sharded model, train ``1 + --steps`` updates through ``update_core.LocalUpdate``
+    """Build the sharded model, train ``1 + --steps`` updates through ``learner.core.LocalUpdate``
     on a synthetic batch, and measure them (the first is the warm-up)."""
     import torch
 
-    from rllib_spear.algorithms.grpo.learner_optim import adamw_implementation, build_adamw
-    from rllib_spear.algorithms.grpo.update_core import LocalUpdate, UpdateSettings
+    from rllib_spear.learner.core import LocalUpdate, UpdateSettings
+    from rllib_spear.learner.optim import adamw_implementation, build_adamw
     from rllib_spear.core.losses import PolicyLossConfig
     from rllib_spear.models.shapes import ModelShape
 

@@ -311,7 +311,7 @@ def run_sharded_step(a, result: dict, checks: dict, work: str) -> None:
         stepped = sorted(_foreach(lg, _rank_info), key=lambda d: d["rank"])
         out["update_metrics"] = metrics
         _say(f"one optimizer step on {n_tokens} tokens in {out['step_s']} s; per-rank results {metrics}")
-        states = [s for s in _foreach(lg, lambda l: l.engine_state()) if s is not None]
+        states = [s for s in _foreach(lg, lambda l: l.weight_senders.weights.state()) if s is not None]
     finally:
         lg.shutdown()
     full = n_params * 4  # fp32 bytes of the whole model

@@ -64,11 +64,11 @@ def log(msg: str) -> None:
 
 def model_20m_path(cache_dir: str | None = None) -> str:
     """The cached ~20M-parameter model folder (built on first use, ~10 s)."""
-    from rllib_spear.models.factory import (atomic_build_dir, build_tiny_model, conversation_texts,
-                                            default_cache_dir, synthetic_conversations)
+    from rllib_spear.cache_paths import cache_root
+    from rllib_spear.models.factory import atomic_build_dir, build_tiny_model, conversation_texts, synthetic_conversations
 
     key = hashlib.sha256(json.dumps({**MODEL_20M, "v": 1}, sort_keys=True).encode()).hexdigest()[:16]
-    final = Path(cache_dir) if cache_dir else default_cache_dir()
+    final = Path(cache_dir) if cache_dir else cache_root()
     final = final / f"bench-qwen2-20m-{key}"
     if (final / "config.json").exists():
         return str(final)

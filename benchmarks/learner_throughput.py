@@ -107,7 +107,7 @@ def bare_logprobs(model, ids, attn, score, temperature):
 
 def bench_bare(model, batch, cfg, iters, clock=time.perf_counter):
     """The bare torch loop on ``batch``: (tokens, per-update times by ``clock``, micro-batches)."""
-    from rllib_spear.algorithms.grpo.microbatching import slice_rows, token_budget_microbatches
+    from rllib_spear.learner.microbatching import slice_rows, token_budget_microbatches
     from rllib_spear.core.losses import LossNormalizer, policy_loss
 
     data = {k: torch.from_numpy(np.asarray(v)) for k, v in batch.items()}

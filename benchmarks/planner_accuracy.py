@@ -1,4 +1,4 @@
-"""How close the memory planner (rllib_spear/planner.py) comes to what torch allocates, on CPU.
+"""How close the memory planner (rllib_spear/planning/) comes to what torch allocates, on CPU.
 
 For the project's tiny model (``rllib_spear.models.factory.tiny_model_path``) and a random-init
 ~20M-parameter Qwen2 (built from a ``Qwen2Config``, nothing downloaded), on one micro-batch:
@@ -13,7 +13,7 @@ For the project's tiny model (``rllib_spear.models.factory.tiny_model_path``) an
   float32, in bf16 weights (FSDP's bf16 compute) and under bf16 autocast (DDP's mixed precision),
   full fine-tune and LoRA, vs ``models.activations.saved_bytes`` (+ autocast weight copies);
 * the peak of the whole forward + backward above the persistent state (torch profiler memory
-  events), vs the planner's activation peak (``planner.activation_peak``: saved tensors plus the
+  events), vs the planner's activation peak (``planning.activation_peak``: saved tensors plus the
   transient head chunks, recomputed block and gradient buffers).
 
     python benchmarks/planner_accuracy.py            # about 2 minutes on 2 cores
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rllib_spear import planner
+from rllib_spear import planning
 from rllib_spear.models.activations import Precision, saved_bytes
 from rllib_spear.models.logprobs import token_logprobs
 from rllib_spear.models.shapes import ModelShape
@@ -167,7 +167,7 @@ def compare(name: str, build, shape: ModelShape, rows: int, row_len: int, quick:
             # except on the tiny model
             if peak and (dtype == torch.float32 and not prec.autocast or name == "tiny"):
                 row.peak_measured = measure_peak(model, ids, mask, autocast=prec.autocast)
-                a = planner.activation_peak(shape, prec, rows=rows, row_len=row_len, checkpointing=ckpt,
+                a = planning.activation_peak(shape, prec, rows=rows, row_len=row_len, checkpointing=ckpt,
                                             lora=lora, full_finetune=not lora, scored=scored)
                 row.peak_planned = a.total + a.autocast_weights
             out.append(row)

@@ -26,7 +26,7 @@ The work of one step, equal on both sides:
   with its group-mean baseline);
 * TRL: no vLLM, gradient checkpointing off, CPU, its default optimizer, no logging to a service.
   Ours: ``GRPOConfig`` built in process, a local env runner (``num_env_runners=0``, HF engine)
-  and a local learner (``num_learners=0``); Ray starts lean (``algorithms/grpo/local_ray.py``).
+  and a local learner (``num_learners=0``); Ray starts lean (``cluster/local_ray.py``).
 
 What differs, and why it is left so: each side keeps its own generation loop (TRL: one
 ``model.generate`` over the 64 prompts; ours: the HF engine's batched decode) and its own
@@ -99,12 +99,13 @@ def model_path(name: str) -> str:
     """The cached random-init Qwen2 ``name`` of :data:`MODELS` with its 2000-token tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rllib_spear.models.factory import atomic_build_dir, default_cache_dir
+    from rllib_spear.cache_paths import cache_root
+    from rllib_spear.models.factory import atomic_build_dir
     from rllib_spear.models.tokenizer import train_chat_tokenizer
 
     spec = MODELS[name]
     key = hashlib.sha256(json.dumps({**spec, "vocab": VOCAB, "v": 1}, sort_keys=True).encode()).hexdigest()[:16]
-    final = default_cache_dir() / f"bench-vs-trl-{name}-{key}"
+    final = cache_root() / f"bench-vs-trl-{name}-{key}"
     if (final / "config.json").exists():
         return str(final)
     tok = train_chat_tokenizer(pseudo_words(20000), vocab_size=VOCAB)

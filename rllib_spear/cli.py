@@ -37,6 +37,7 @@ import yaml
 
 from .config_keys import (SHORTHAND_SECTIONS, ConfigKeyError, check_experiment_keys, check_override_keys,
                           check_section_types)
+from .progress import progress_line
 
 __all__ = ["main", "load_experiment", "build_config", "apply_overrides", "quiet_worker_logs", "CLIError"]
 
@@ -178,37 +179,6 @@ def validation_message(error: Exception) -> str:
     return _RLLIB_HINT.sub("", str(error)).strip()
 
 
-_PROGRESS_KEYS = (
-    ("reward", ("env_runners", "reward_total_mean")),
-    ("success", ("env_runners", "success_rate")),
-    ("f1", ("env_runners", "f1_mean")),
-    ("tool_rate", ("env_runners", "tool_call_rate")),
-    ("turns", ("env_runners", "turns_mean")),
-    ("resp_len", ("env_runners", "response_length_mean")),
-    ("sil_w", ("spear", "sil_weight")),
-    ("tool_w", ("spear", "tool_reward_weight")),
-    ("replayed", ("spear", "sil_replayed_samples")),
-    ("filtered", ("filters", "any_frac")),
-)
-
-
-def progress_line(result: dict[str, Any]) -> str:
-    parts = [f"iter {result.get('training_iteration', '?'):>3}"]
-    for label, path in _PROGRESS_KEYS:
-        node: Any = result
-        for p in path:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, (int, float)):
-            parts.append(f"{label} {node:.3f}")
-    parts.append(f"time {result.get('time_this_iter_s', 0.0):.1f}s")
-    filters = result.get("filters") if isinstance(result.get("filters"), dict) else {}
-    if filters.get("nearly_all_filtered"):
-        # the run's log says once which filter and which knob (recipe/filters.py)
-        parts.append(f"WARNING: the filters masked {filters.get('any_frac', 1.0):.0%} of the batch, "
-                     "nothing trains (see the warning above)")
-    return " | ".join(parts)
-
-
 def block_means(values: list[float], blocks: int = 6) -> list[tuple[int, int, float]]:
     """(first iteration, last iteration, mean) over ``blocks`` consecutive, near-equal blocks of a
     per-iteration series (iterations numbered from 1): the trend without one batch's noise."""
@@ -303,7 +273,7 @@ def start_ray(exp: dict[str, Any]) -> None:
 def check_cluster(exp: dict[str, Any], cfg: Any, config_path: str) -> None:
     """Refuse, before Tune starts, a trial whose placement group the cluster can never hold: Tune
     would wait for it forever (resource_check.check_trial_fits, the Python API's message)."""
-    from rllib_spear.algorithms.grpo.resource_check import check_trial_fits
+    from rllib_spear.cluster.resource_check import check_trial_fits
     from rllib_spear.registration import algorithm_classes
 
     try:
@@ -345,9 +315,9 @@ def actor_failures(logs_dir: Path, job_id: str | None = None, since: float = 0.0
 def _ray_logs_dir() -> Path | None:
     """The log folder of this process's Ray session (Ray's private node handle; None when moved)."""
     try:
-        from ray._private import worker
+        from .rllib_private import ray_session_logs_dir
 
-        return Path(worker._global_node.get_logs_dir_path())
+        return ray_session_logs_dir()
     except Exception:  # noqa: BLE001 - a best-effort pointer, never the reason a report fails
         return None
 
@@ -394,8 +364,10 @@ def _restored_tuner(tune: Any, exp_dir: Path, algorithm: str, callbacks: list) -
     their last checkpoints, with the settings they were started with. The restored run config
     holds the callbacks pickled at the first start; this run's progress callback replaces them
     (the Tuner's run config is private: when it moved, the old callbacks stay, lines still print)."""
+    from .rllib_private import restored_run_config
+
     tuner = tune.Tuner.restore(str(exp_dir), trainable=algorithm, resume_unfinished=True, resume_errored=True)
-    run_config = getattr(getattr(tuner, "_local_tuner", None), "get_run_config", lambda: None)()
+    run_config = restored_run_config(tuner)
     if run_config is not None:
         run_config.callbacks = callbacks
     return tuner
@@ -565,11 +537,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    """Print the memory plan of a config (rllib_spear/planner.py, docs/memory_planner.md); exit 1
+    """Print the memory plan of a config (rllib_spear/planning/, docs/memory_planner.md); exit 1
     when a declared GPU (learners.gpu_memory_gb, env_runners.engine_gpu_memory_gb or
     --gpu-memory-gb) or the learner node's host memory (--host-memory-gb) cannot hold it, 2 when
     the config is invalid or its model has no shape."""
-    from rllib_spear import planner
+    from rllib_spear import planning
 
     overrides = list(args.set)
     if args.gpu_memory_gb is not None:
@@ -578,14 +550,14 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         cfg.validate(check_files=False)  # a plan for another machine's folders
     except ValueError as e:  # a memory-plan refusal is what this command reports below
-        if planner.MEMORY_ERROR not in str(e):
+        if planning.MEMORY_ERROR not in str(e):
             raise CLIError(f"{args.config}: {validation_message(e)}") from e
     try:
-        plan = planner.plan(cfg, host_memory_gb=args.host_memory_gb)
+        plan = planning.plan(cfg, host_memory_gb=args.host_memory_gb)
     except ValueError as e:
         raise CLIError(f"{args.config}: {e}") from e
     print(f"memory plan of {args.config} (GiB = 2^30 bytes)")
-    print(plan.format())
+    print(planning.format_plan(plan))
     return 1 if plan.fits is False else 0
 
 

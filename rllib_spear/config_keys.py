@@ -3,7 +3,7 @@ its ``--set`` overrides) and the kwargs of the config builder methods (``.traini
 
 A misspelt key used to be kept and then dropped (``--set trainig.lr=1e-5``) or only warned about
 by Tune while the run went on (``stop.training_iterations``); every check here fails at once
-instead, naming the key and the closest valid ones (``difflib.get_close_matches``).
+instead, naming the key and the closest valid ones (``key_suggestions.py``).
 
 Rules (rllib_spear/cli.py documents the YAML layout):
 
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from typing import Any, Callable, Collection, Iterable, Mapping
+from typing import Any, Collection, Mapping
 
-__all__ = ["ConfigKeyError", "ConfigTypeError", "TOP_LEVEL_KEYS", "STOP_KEYS", "SHORTHAND_SECTIONS", "KEY_ALIASES",
-           "close_keys", "did_you_mean", "check_value_type", "check_section_types",
-           "check_kwargs", "explicit_params", "builder_sections", "builder_keys", "check_key_path",
+from .key_suggestions import KEY_ALIASES, did_you_mean, explicit_params
+
+__all__ = ["ConfigKeyError", "ConfigTypeError", "TOP_LEVEL_KEYS", "STOP_KEYS", "SHORTHAND_SECTIONS",
+           "check_value_type", "check_section_types", "builder_sections", "builder_keys", "check_key_path",
            "check_experiment_keys", "check_override_keys"]
 
 #: The top-level keys of an experiment YAML (rllib_spear/cli.py).
@@ -68,71 +69,10 @@ class ConfigTypeError(ConfigKeyError):
     the type its default has."""
 
 
-#: Names other RL libraries (TRL, verl, OpenRLHF, older RLlib) give this library's keys: difflib
-#: sees no likeness between ``learning_rate`` and ``lr``, so these are suggested by name.
-KEY_ALIASES = {"learning_rate": "lr", "lr_rate": "lr", "num_workers": "num_env_runners",
-               "num_generations": "group_size", "n_samples": "group_size", "rollout_n": "group_size",
-               "num_samples_per_prompt": "group_size", "kl_coef": "kl_coeff", "beta": "kl_coeff",
-               "entropy_coef": "entropy_coeff", "epochs": "num_epochs", "ppo_epochs": "num_epochs",
-               "max_tokens": "max_new_tokens", "max_completion_length": "max_new_tokens",
-               "response_length": "max_response_tokens", "max_seq_len": "max_model_len",
-               "max_length": "max_model_len",
-               "clip_range": "clip_ratio_low", "cliprange": "clip_ratio_low", "epsilon": "clip_ratio_low",
-               "max_grad_norm": "grad_clip", "warmup_steps": "lr_warmup_steps", "temp": "temperature"}
-
-
-def _initials(key: str) -> str:
-    """``lr`` for ``learning_rate``: the first letter of each word of a snake_case key."""
-    words = [w for w in str(key).split("_") if w]
-    return "".join(w[0] for w in words) if len(words) > 1 else ""
-
-
-def close_keys(key: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
-    """The choices ``key`` most likely meant: a known alias (``learning_rate`` -> ``lr``), a key
-    spelt by its initials, then difflib's near-misses (typos)."""
-    pool = sorted(set(choices))
-    named = [c for c in (KEY_ALIASES.get(str(key)), _initials(key)) if c and c in pool]
-    close = difflib.get_close_matches(str(key), pool, n=n, cutoff=cutoff)
-    if close:  # only the near-best: 'group_szie' means 'group_size', not also 'group_stats_over'
-        best = _ratio(key, close[0])
-        close = [c for c in close if _ratio(key, c) >= best - _NEAR_BEST]
-    return list(dict.fromkeys(named + close))[:n]
-
-
-#: How far below the best difflib ratio another suggestion may be.
-_NEAR_BEST = 0.1
-
-
-def _ratio(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, str(a), b).ratio()
-
-
-def did_you_mean(key: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.6) -> str:
-    """``"; did you mean 'x'?"`` (or ``'x' or 'y'``) for the choices close to ``key``; "" when none is."""
-    close = close_keys(key, choices, n=n, cutoff=cutoff)
-    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-
-
 def _listing(choices: Collection[str], limit: int = 12) -> str:
     names = sorted(choices)
     more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
-
-
-def check_kwargs(owner: str, kwargs: Iterable[str], accepted: Collection[str]) -> None:
-    """TypeError naming each key of ``kwargs`` not in ``accepted`` and the closest accepted ones
-    (``owner``: "GRPOConfig.training()"): the same type as Python's own unexpected-kwarg error."""
-    unknown = [k for k in kwargs if k not in accepted]
-    if unknown:
-        parts = [f"{k!r}{did_you_mean(k, accepted)}" for k in unknown]
-        raise TypeError(f"{owner} got an unknown key " + "; ".join(parts))
-
-
-def explicit_params(fn: Callable) -> tuple[set[str], bool]:
-    """(named parameters of ``fn`` other than ``self``, whether it also takes ``**kwargs``)."""
-    params = inspect.signature(fn).parameters.values()
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"self"}
-    return names, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 def builder_sections(config: Any) -> set[str]:

@@ -21,7 +21,9 @@ _OPTIONAL_MEANS = ("em", "f1", "precision", "recall", "correct")
 _LOOP_STATS = {"engine_idle_s": sum, "tool_timeouts": sum, "tool_calls_abandoned": sum,
                "tool_latency_p50_s": lambda v: float(np.mean(v)), "tool_latency_p95_s": max,
                "tool_latency_max_s": max, "concurrent_episodes_max": max,
-               "concurrent_episodes_mean": lambda v: float(np.mean(v)), "tool_calls_concurrent_max": max}
+               "concurrent_episodes_mean": lambda v: float(np.mean(v)), "tool_calls_concurrent_max": max,
+               # rollout_mode="agent_program": programs that raised / ran past episode_timeout_s
+               "agent_program_errors": sum, "agent_program_timeouts": sum}
 
 
 def _mean(xs: Sequence[float]) -> float:

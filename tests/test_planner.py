@@ -1,4 +1,4 @@
-"""The memory planner (rllib_spear/planner.py, docs/memory_planner.md): exact parameter counts,
+"""The memory planner (rllib_spear/planning/, docs/memory_planner.md): exact parameter counts,
 hand-computed state bytes per layout, the activation trace against torch's saved tensors, the
 validate() hook, the ``rllib-spear plan`` command and every shipped recipe."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rllib_spear import planner
+from rllib_spear import planning
 from rllib_spear.models.activations import Precision, saved_bytes
 from rllib_spear.models.shapes import ModelShape, bundled_model_config, bundled_model_names, model_config_for
 
@@ -89,7 +89,7 @@ def test_model_path_resolution(tmp_path):
 
 
 def test_planner_module_imports_no_torch():
-    code = "import sys, rllib_spear.planner, rllib_spear.planner_report; print('torch' in sys.modules)"
+    code = "import sys, rllib_spear.planning; print('torch' in sys.modules)"
     env = {**os.environ, "RLLIB_SPEAR_NO_REGISTER": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -108,7 +108,7 @@ P = 2 * BLOCK + ROOT_P
 
 
 def _learner(**kw):
-    return planner.plan_learner(SMALL, planner.LearnerLayout(**kw), micro_batch_token_budget=64, max_model_len=32)
+    return planning.plan_learner(SMALL, planning.LearnerLayout(**kw), micro_batch_token_budget=64, max_model_len=32)
 
 
 def test_small_shape_counts():
@@ -162,9 +162,9 @@ def test_autocast_copies_every_matmul_weight():
 
 
 def test_packing_cases():
-    assert planner.packing_cases(8192, 2560) == [(3, 2560)]
-    assert planner.packing_cases(32768, 32768) == [(1, 32768), (2, 16384)]
-    assert planner.packing_cases(4096, 8704) == [(1, 4096), (2, 2048), (1, 8704)]
+    assert planning.packing_cases(8192, 2560) == [(3, 2560)]
+    assert planning.packing_cases(32768, 32768) == [(1, 32768), (2, 16384)]
+    assert planning.packing_cases(4096, 8704) == [(1, 4096), (2, 2048), (1, 8704)]
 
 
 # ---------------------------------------------------------------------- activations vs torch
@@ -230,30 +230,30 @@ def test_validate_refuses_a_7b_ddp_full_finetune_on_80_gb_naming_fsdp():
     with pytest.raises(ValueError) as e:
         cfg.validate(check_files=False)
     msg = str(e.value)
-    assert msg.startswith(planner.MEMORY_ERROR)
+    assert msg.startswith(planning.MEMORY_ERROR)
     assert '.learners(sharding="fsdp")' in msg and "GiB per learner GPU" in msg and "gpu_memory_gb=80" in msg
 
 
 def test_fixes_give_the_cli_form_too():
-    msg = planner.check_fits(_recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp"))
+    msg = planning.check_fits(_recipe("spear_qwen2.5_7b_search.yaml", "learners.sharding=ddp"))
     assert '.learners(sharding="fsdp") (--set learners.sharding=fsdp)' in msg
     assert "--set learners.cpu_offload=true" in msg
     assert "--set rl_module.model_config.lora=" in msg
-    msg = planner.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "env_runners.num_gpus_per_env_runner=1",
+    msg = planning.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "env_runners.num_gpus_per_env_runner=1",
                                      "env_runners.engine_kwargs.tensor_parallel_size=1"))
     assert "--set env_runners.engine_kwargs.tensor_parallel_size=" in msg
 
 
 def test_host_memory_is_part_of_the_verdict():
     cfg = _recipe("spear_qwen2.5_32b_code_math.yaml")
-    p = planner.plan(cfg, host_memory_gb=512)  # the recipe pins ~610 GiB per learner node
+    p = planning.plan(cfg, host_memory_gb=512)  # the recipe pins ~610 GiB per learner node
     assert p.learner_fits is True and p.host_fits is False and p.fits is False
-    (msg,) = p.problems()
+    (msg,) = planning.plan_problems(p)
     assert "pinned host memory" in msg and "host_memory_gb=512" in msg and "--set learners.num_learners=16" in msg
-    assert planner.plan(cfg, host_memory_gb=2048).fits is True
-    assert planner.plan(cfg).host_fits is None  # validate() declares no host memory: not checked
+    assert planning.plan(cfg, host_memory_gb=2048).fits is True
+    assert planning.plan(cfg).host_fits is None  # validate() declares no host memory: not checked
     # no offload, nothing pinned: no host verdict
-    assert planner.plan(_recipe("spear_qwen2.5_7b_search.yaml"), host_memory_gb=1).host_fits is None
+    assert planning.plan(_recipe("spear_qwen2.5_7b_search.yaml"), host_memory_gb=1).host_fits is None
 
 
 def test_cli_plan_exits_1_when_the_host_memory_is_short(capsys):
@@ -275,13 +275,13 @@ def test_validate_accepts_the_shipped_7b_recipe_and_ignores_undeclared_memory():
 
 
 def test_validate_names_the_other_knobs():
-    msg = planner.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "learners.cpu_offload=false"))
+    msg = planning.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "learners.cpu_offload=false"))
     assert "cpu_offload=True" in msg and "num_learners=16" in msg and "CPU RAM per node" in msg
     # 16384-token micro-batches of 4608-token episodes need 79.9 GiB without checkpointing
-    msg = planner.check_fits(_recipe("spear_qwen2.5_1.5b_search.yaml", "training.micro_batch_token_budget=16384",
+    msg = planning.check_fits(_recipe("spear_qwen2.5_1.5b_search.yaml", "training.micro_batch_token_budget=16384",
                                      "learners.gpu_memory_gb=78"))
     assert "activation_checkpointing=True" in msg and "micro_batch_token_budget=8192" in msg
-    msg = planner.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "env_runners.num_gpus_per_env_runner=1",
+    msg = planning.check_fits(_recipe("spear_qwen2.5_32b_code_math.yaml", "env_runners.num_gpus_per_env_runner=1",
                                      "env_runners.engine_kwargs.tensor_parallel_size=1"))
     assert '"tensor_parallel_size": 2' in msg or '"tensor_parallel_size": 4' in msg
 
@@ -315,9 +315,9 @@ def test_every_config_plans(path):
     from rllib_spear.cli import build_config, load_experiment
 
     cfg = build_config(load_experiment(str(path)))
-    p = planner.plan(cfg)
+    p = planning.plan(cfg)
     assert p.learner.total > 0 and len(p.alternatives) >= 4
-    text = p.format()
+    text = planning.format_plan(p)
     assert "| strategy |" in text
     if cfg.gpu_memory_gb is not None:
         assert p.fits is True, text

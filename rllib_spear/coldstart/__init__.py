@@ -13,7 +13,12 @@ One job per module:
 - ``ship``: ``python -m rllib_spear.coldstart`` rebuilds the builds and ships them into
   ``rllib_spear/assets``;
 - ``smollm2``: the SmolLM2-135M-Instruct search cold start (``model_path: "smollm2-search"``),
-  built on first use (``python -m rllib_spear.coldstart --smollm2``), never shipped.
+  built on first use (``python -m rllib_spear.coldstart --smollm2``), never shipped, and
+  ``smollm2_cold_start``, the cache-or-build step of every SmolLM2 cold start;
+- ``tool_episodes``: synthetic tool-calling episodes (random tool schemas, a request, a Hermes
+  call, its result, the answer), played on ``FunctionToolEnv``;
+- ``smollm2_tools``: the SmolLM2 tool-use cold start trained on them (``model_path:
+  "smollm2-tools"``, ``python -m rllib_spear.coldstart --smollm2-tools``), built on first use.
 
 The generic training routines live in ``rllib_spear.models`` (``sft.cold_start_sft``,
 ``pretrain.copy_pretrain``, ``factory.build_tiny_model``); this package uses them, never the
@@ -49,6 +54,12 @@ _EXPORTS = {
     "SMOLLM2_SEARCH_RECIPE": "smollm2",
     "smollm2_search_key": "smollm2",
     "smollm2_search_path": "smollm2",
+    "smollm2_cold_start": "smollm2",
+    "SMOLLM2_TOOLS_NAME": "smollm2_tools",
+    "SMOLLM2_TOOLS_RECIPE": "smollm2_tools",
+    "smollm2_tools_key": "smollm2_tools",
+    "smollm2_tools_path": "smollm2_tools",
+    "synthetic_tool_episodes": "tool_episodes",
     "ship_build": "ship",
     "ship_default_policy": "ship",
     "ship_task_policy": "ship",

@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from rllib_spear.models.factory import atomic_build_dir, build_tiny_model, conversation_texts, default_cache_dir
+from rllib_spear.cache_paths import cache_root
+from rllib_spear.models.factory import atomic_build_dir, build_tiny_model, conversation_texts
 
 from .data import data_hash, default_task_data, reading_conversations, task_conversations
 from .lookup import copy_shipped, find_shipped
@@ -33,7 +34,7 @@ def _say(message: str) -> None:
 
 
 def _root(cache_dir: str | os.PathLike | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return Path(cache_dir) if cache_dir is not None else cache_root()
 
 
 def default_policy_path(

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rllib_spear.models.factory import default_cache_dir
+from rllib_spear.cache_paths import cache_root
 
 from .recipes import default_recipe, task_recipe
 
@@ -105,7 +105,7 @@ def default_task_data(recipe: dict) -> tuple[list[list[dict]], list[str]]:
 
 
 def _root(cache_dir: str | os.PathLike | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return Path(cache_dir) if cache_dir is not None else cache_root()
 
 
 def default_policy_data_hash(recipe: dict | None = None, cache_dir: str | os.PathLike | None = None, *,

@@ -18,8 +18,8 @@ model and tokenizer plus ``manifest.json`` (written by ``coldstart.ship``):
 - ``built_with``: the versions of the packages the build ran with, for the record.
 
 ``resolve_model_path`` turns a ``model_path`` into a folder: "embedded" and "embedded:<task>" name
-the embedded cold starts, the names of ``NAMED_COLD_STARTS`` ("smollm2-search") the cold starts of
-real pretrained models (built on first use, never shipped), anything else is returned unchanged. The algorithm (``GRPO.setup``), the env
+the embedded cold starts, the names of ``NAMED_COLD_STARTS`` ("smollm2-search", "smollm2-tools") the
+cold starts of real pretrained models (built on first use, never shipped), anything else is returned unchanged. The algorithm (``GRPO.setup``), the env
 runners and the CLI call it; the model layer (``rllib_spear.models``) only ever sees folders.
 """
 from __future__ import annotations
@@ -29,10 +29,11 @@ import shutil
 from pathlib import Path
 
 from rllib_spear.envs.retrieval import file_sha256
+from rllib_spear.cache_paths import cache_root
 from rllib_spear.models.factory import atomic_build_dir
 
 __all__ = ["SHIPPED_POLICIES", "NAMED_COLD_STARTS", "MANIFEST", "read_manifest", "find_shipped", "copy_shipped", "file_sha256",
-           "is_embedded_name", "resolve_model_path"]
+           "is_embedded_name", "resolve_model_path", "cold_start_name"]
 
 #: Built cold starts shipped with the package, one folder per (kind, key).
 SHIPPED_POLICIES = Path(__file__).resolve().parent.parent / "assets"
@@ -42,7 +43,9 @@ MANIFEST = "manifest.json"
 #: (module of this package, function returning the folder). Built on first use, never shipped.
 NAMED_COLD_STARTS: dict[str, tuple[str, str]] = {
     "smollm2-search": ("smollm2", "smollm2_search_path"),
-    # the plain instruct model, no cold start: where a new tool or environment starts
+    # SmolLM2 taught the Hermes tool-call format on synthetic tools: where a new tool or environment starts
+    "smollm2-tools": ("smollm2_tools", "smollm2_tools_path"),
+    # the plain instruct model, no cold start (it answers a new tool's requests in prose)
     "smollm2-instruct": ("smollm2", "smollm2_instruct_path"),
 }
 
@@ -90,7 +93,8 @@ def resolve_model_path(path: str) -> str:
     """"embedded" -> the default policy (``default_policy_path``, trained on search_qa);
     "embedded:<task>" -> that policy fine-tuned on the task's demonstrations (``task_policy_path``,
     e.g. "embedded:multi_answer_search"); a name of ``NAMED_COLD_STARTS`` -> that cold start
-    ("smollm2-search": ``coldstart.smollm2.smollm2_search_path``); anything else unchanged."""
+    ("smollm2-search": ``coldstart.smollm2.smollm2_search_path``, "smollm2-tools":
+    ``coldstart.smollm2_tools.smollm2_tools_path``); anything else unchanged."""
     if path in NAMED_COLD_STARTS:
         import importlib
 
@@ -102,3 +106,20 @@ def resolve_model_path(path: str) -> str:
 
     task = path.split(":", 1)[1] if ":" in path else "default"
     return build.default_policy_path() if task in ("", "default", "search_qa") else build.task_policy_path(task)
+
+
+def cold_start_name(path: str, cache_dir: str | Path | None = None) -> str | None:
+    """The name of ``NAMED_COLD_STARTS`` that ``path`` is, or whose build it is (a folder that a
+    cache record ``<cache>/<name>-<key>.json`` points to); None for anything else. Reads the
+    records only: never builds."""
+    if path in NAMED_COLD_STARTS:
+        return path
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
+    for name in NAMED_COLD_STARTS:
+        for record in root.glob(f"{name}-*.json"):
+            try:
+                if json.loads(record.read_text()).get("path") == path:
+                    return name
+            except (OSError, ValueError, AttributeError):
+                continue
+    return None

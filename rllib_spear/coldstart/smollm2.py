@@ -27,7 +27,7 @@ from pathlib import Path
 from .recipes import recipe_key
 
 __all__ = ["smollm2_instruct_path", "SMOLLM2_SEARCH_NAME", "SMOLLM2_SEARCH_RECIPE", "SMOLLM2_SEARCH_BUILD_MINUTES", "smollm2_base_hash",
-           "smollm2_search_conversations", "smollm2_search_key", "smollm2_search_path"]
+           "smollm2_search_conversations", "smollm2_search_key", "smollm2_search_path", "smollm2_cold_start"]
 
 #: The ``model_path`` that names this cold start (``coldstart.lookup.resolve_model_path``).
 SMOLLM2_SEARCH_NAME = "smollm2-search"
@@ -114,15 +114,29 @@ def smollm2_search_path(cache_dir: str | os.PathLike | None = None, *, recipe: d
     SmolLM2-135M-Instruct; tests pass a tiny model). ``build=True`` rebuilds even when a record of
     the same key and data exists (the SFT itself is cached by its inputs, so an unchanged build
     is found again at once)."""
+    recipe = _recipe(recipe)
+    key = smollm2_search_key(recipe, smollm2_base_hash(base))
+    convs = smollm2_search_conversations(recipe)
+    searching = sum(any(m["role"] == "assistant" and "<search>" in m["content"] for m in c) for c in convs)
+    return smollm2_cold_start(SMOLLM2_SEARCH_NAME, key, convs, recipe["sft"], cache_dir=cache_dir, base=base,
+                              build=build, what=f"search cold start ({searching} searching)",
+                              minutes=SMOLLM2_SEARCH_BUILD_MINUTES)
+
+
+def smollm2_cold_start(name: str, key: str, convs: list[list[dict]], sft: dict, *,
+                       cache_dir: str | os.PathLike | None, base: str | os.PathLike | None, build: bool,
+                       what: str, minutes: float) -> str:
+    """A SmolLM2 cold start named ``name``: the folder its cache record ``<cache>/<name>-<key>.json``
+    names when that record holds the :func:`~rllib_spear.coldstart.data.data_hash` of ``convs``
+    (and ``build`` is False), else ``cold_start_sft`` of ``base`` (default: the packaged
+    SmolLM2-135M-Instruct) on ``convs`` with ``sft``, announced on stderr (``what``, ~``minutes``
+    on 2 cores) and recorded."""
     from .build import _point, _pointer, _root, _say
     from .data import data_hash
 
-    recipe = _recipe(recipe)
     root = _root(cache_dir)
-    key = smollm2_search_key(recipe, smollm2_base_hash(base))
-    convs = smollm2_search_conversations(recipe)
     trained_on = data_hash(convs)
-    record = _pointer(root, SMOLLM2_SEARCH_NAME, key)
+    record = _pointer(root, name, key)
     if not build and record is not None and record.get("trained_on") == trained_on:
         return record["path"]
     from rllib_spear.models.sft import cold_start_sft  # torch: only when a build runs
@@ -131,9 +145,8 @@ def smollm2_search_path(cache_dir: str | os.PathLike | None = None, *, recipe: d
         from rllib_spear.models.smollm import smollm2_path
 
         base = smollm2_path(cache_dir)
-    searching = sum(any(m["role"] == "assistant" and "<search>" in m["content"] for m in c) for c in convs)
-    _say(f"SmolLM2 search cold start, key {key}: SFT on {len(convs)} demonstrations ({searching} searching) "
-         f"under {root} (~{SMOLLM2_SEARCH_BUILD_MINUTES} min on 2 cores for the default recipe)")
-    path = cold_start_sft(base, convs, root, **recipe["sft"])
-    _say(f"SmolLM2 search cold start built: {path}")
-    return _point(root, SMOLLM2_SEARCH_NAME, key, path, source="built", trained_on=trained_on)
+    _say(f"SmolLM2 {what}, key {key}: SFT on {len(convs)} demonstrations under {root} "
+         f"(~{minutes:g} min on 2 cores for the default recipe)")
+    path = cold_start_sft(base, convs, root, **sft)
+    _say(f"SmolLM2 {name} cold start built: {path}")
+    return _point(root, name, key, path, source="built", trained_on=trained_on)

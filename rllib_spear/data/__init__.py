@@ -27,7 +27,7 @@ TABLES = [
 
 def data_dir(seed: int = 1234) -> Path:
     from rllib_spear.data.generate import DATA_VERSION
-    from rllib_spear.envs.retrieval import cache_root
+    from rllib_spear.cache_paths import cache_root
 
     env = os.environ.get("RLLIB_SPEAR_DATA_DIR")
     if env and seed == 1234:

@@ -300,7 +300,7 @@ def code_math_rows(seed: int = 1234, n: int = 400) -> list[dict]:
 
 
 def text_game_rows(seed: int = 1234, n: int = 300) -> list[dict]:
-    from rllib_spear.envs.text_game import generate_game
+    from .text_game_worlds import generate_game
 
     rng = random.Random(seed + 3)
     rows = []

@@ -64,10 +64,9 @@ from .event_loop import run_on_agent_loop
 from .rollout import MultiTurnRollout, RolloutConfig, RolloutStats, _Episode
 from .tool_pool import ToolCall, ToolPool
 
-__all__ = ["AsyncMultiTurnRollout", "ROLLOUT_MODES", "DEFAULT_TOOL_TIMEOUT_S", "ToolCallStillRunning",
-           "make_rollout", "request_seed", "timeout_observation"]
+__all__ = ["AsyncMultiTurnRollout", "DEFAULT_TOOL_TIMEOUT_S", "ToolCallStillRunning", "request_seed",
+           "timeout_observation"]
 
-ROLLOUT_MODES = ("turn_sync", "async")
 #: Generous: no healthy tool comes near it (the code sandbox caps a cell at 30 s on its own), so
 #: it changes no result, yet a hung call (a dead HTTP endpoint) cannot stall a run forever.
 DEFAULT_TOOL_TIMEOUT_S = 300.0
@@ -211,7 +210,7 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
         """Sample ``group_size`` episodes for every task, each at its own pace; returns the
         trajectories in task order, as ``MultiTurnRollout.run``."""
         stats = RolloutStats()
-        episodes = self._start_episodes(tasks, group_size, stats)
+        episodes = self._running = self._start_episodes(tasks, group_size, stats)
         run_on_agent_loop(self._run_all(episodes, stats))
         trajs = [self._finish(ep, policy_version) for ep in episodes]
         return trajs, stats
@@ -373,14 +372,3 @@ class AsyncMultiTurnRollout(MultiTurnRollout):
             return
         super()._release_env(env)
 
-
-def make_rollout(mode: str, *, tool_concurrency: int | None = None,
-                 tool_timeout_s: float | None = DEFAULT_TOOL_TIMEOUT_S, **kwargs: Any) -> MultiTurnRollout:
-    """The rollout of ``rollout_mode`` ``mode``: ``"turn_sync"`` (``MultiTurnRollout``; the two
-    tool knobs do not apply) or ``"async"`` (``AsyncMultiTurnRollout``). ``kwargs``: the
-    ``MultiTurnRollout`` arguments."""
-    if mode == "turn_sync":
-        return MultiTurnRollout(**kwargs)
-    if mode == "async":
-        return AsyncMultiTurnRollout(**kwargs, tool_concurrency=tool_concurrency, tool_timeout_s=tool_timeout_s)
-    raise ValueError(f"rollout_mode must be one of {ROLLOUT_MODES}, got {mode!r}")

@@ -2,15 +2,16 @@
 
 It holds a generation engine (HF or vLLM), the tokenizer with its chat template, and a pool of
 tool environments (see ``rollout.MultiTurnRollout``). The driver calls ``sample_groups`` with
-the tasks of this runner; weights arrive through RLlib's ``sync_weights`` -> ``set_state`` with
-torch tensors (never RLlib's float32-numpy conversion) and a version (WEIGHTS_SEQ_NO) that every
-trajectory records. ``evaluate_groups`` samples with per-call sampling parameters (validation,
+the tasks of this runner. Weights arrive through the runner's side of the weight sync
+(``weight_receivers``: one receiver per transport, weight_streaming/runner_side.py; transport
+"driver" through RLlib's ``set_state``) as torch tensors (never RLlib's float32-numpy conversion)
+with a version (WEIGHTS_SEQ_NO) that every trajectory records. ``evaluate_groups`` samples with per-call sampling parameters (validation,
 docs/design.md "Validation") and leaves everything training depends on as it was.
 
 Fully asynchronous training (``rollout_pipeline="async"``): ``stream_submit`` / ``stream_take`` /
 ``stream_stop`` drive a ``RolloutStream`` (env_runners/rollout_stream.py) that samples in the
-background while this actor serves the weight syncs; every weight transport below opens the
-engine's update gate (engines/update_gate.py) for the time the weights change.
+background while this actor serves the weight syncs; every receiver opens the engine's update
+gate (engines/update_gate.py) for the time the weights change.
 """
 from __future__ import annotations
 
@@ -33,10 +34,13 @@ from ..core.trajectory import Trajectory
 from ..coldstart.lookup import resolve_model_path
 from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
-from .async_rollout import make_rollout
+from ..serving.endpoint import start_runner_endpoint
+from ..weight_streaming.runner_side import EngineWeights, WeightReceivers
 from .engines.base import DEFAULT_GENERATION_TIMEOUT_S, GenerationTimeout, SamplingConfig, with_generation_timeout
+from .heartbeat import heartbeat
 from .placement import runner_engine_kwargs, runner_transfer_backend
 from .rollout import DEFAULT_STEP_TIMEOUT_S, MultiTurnRollout, RolloutConfig, resolve_step_timeout
+from .rollout_modes import get_rollout_mode, make_rollout
 
 __all__ = ["LLMEnvRunner", "resolve_model_path", "hf_state_dict_from_module_state", "EVAL_SAMPLING_KEYS"]
 
@@ -49,7 +53,8 @@ _EVAL_STREAM = 0x5EED_E7A1
 _LOOP_METRIC_REDUCE = {"engine_idle_s": "sum", "tool_calls": "sum", "tool_timeouts": "sum",
                        "tool_calls_abandoned": "sum", "tool_latency_max_s": "max",
                        "concurrent_episodes_max": "max", "tool_calls_concurrent_max": "max",
-                       "step_timeouts": "sum", "generation_timeouts": "sum"}
+                       "step_timeouts": "sum", "generation_timeouts": "sum",
+                       "agent_program_errors": "sum", "agent_program_timeouts": "sum"}
 #: A remote runner whose engine hung exits this long after its sampling call failed, so that the
 #: call's GenerationTimeout reaches the driver first; Ray then restarts the process.
 _HUNG_ENGINE_EXIT_DELAY_S = 2.0
@@ -76,13 +81,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
     def __init__(self, *, config, **kwargs: Any) -> None:
         super().__init__(config=config, **kwargs)
         self.worker_index = int(kwargs.get("worker_index", 0))
-        self._weights_seq_no = 0
-        self._weight_stream = None  # an object-store sync being applied (receive_weight_bucket)
-        self._shared_weights_reader = None  # the learner's mapped blocks (read_shared_weights)
-        self._transfer_group_id = None  # transport "vllm": the transfer group this engine is in
         self._stream = None  # rollout_pipeline="async": the background sampling (stream_submit)
         self.metrics = MetricsLogger()
         self._rollout: MultiTurnRollout | None = None
+        self.openai_endpoint = None  # serve_openai: the runner's OpenAI endpoint (serving/endpoint.py)
         self._build()
 
     # ------------------------------------------------------------------ construction
@@ -109,9 +111,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             backend = runner_transfer_backend(cfg)
             if backend is not None:  # transport "vllm": the engine gets vLLM's transfer engine
                 engine_kwargs.setdefault("weight_transfer_backend", backend)
-            if cfg.rollout_mode == "async":  # vLLM's async engine: requests join the running batch
-                engine_kwargs.setdefault("async_engine", True)
+        for k, v in get_rollout_mode(cfg.rollout_mode).engine_defaults(cfg.engine).items():
+            engine_kwargs.setdefault(k, v)  # e.g. "async": vLLM's async engine (requests join the running batch)
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
+        # the weight sync's runner side: the engine's weights version and one receiver per transport
+        actor = None if self.worker_index == 0 else (lambda: ray.get_runtime_context().current_actor)
+        self.weight_receivers = WeightReceivers(EngineWeights(self.engine, actor=actor))
         sampling = SamplingConfig(
             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
             max_new_tokens=cfg.max_new_tokens, stop=list(cfg.stop), seed=seed,
@@ -125,17 +130,21 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if "max_turns" not in env_config and env.accepts("max_turns"):
             env_config["max_turns"] = cfg.max_turns
         env.make(env_config)  # fail here, naming the env, rather than in the first episode
-        # the agent loop (docs/design.md "The agent loop"): turn_sync or async, one per runner;
-        # the env-step watchdog is step_timeout_s in turn_sync, the tool timeout in async (one
-        # knob, docs/design.md "Fault tolerance")
+        # the agent loop (docs/design.md "The agent loop"): the registered rollout_mode, one per
+        # runner (rollout_modes.py); its env-step watchdog is one knob (docs/design.md "Fault
+        # tolerance"): step_timeout_s, or tool_timeout_s, its older async name
         step_timeout = resolve_step_timeout(getattr(cfg, "step_timeout_s", DEFAULT_STEP_TIMEOUT_S), cfg.tool_timeout_s)
         loop_kw = {"tool_concurrency": None if cfg.tool_concurrency is None else int(cfg.tool_concurrency),
-                   "tool_timeout_s": step_timeout}
-        if cfg.rollout_mode == "turn_sync":
-            loop_kw["step_timeout_s"] = step_timeout
+                   "step_timeout_s": step_timeout}
         # the rollouts' engine calls are watched (generation_timeout_s); weight syncs use self.engine
         gen_timeout = getattr(cfg, "generation_timeout_s", DEFAULT_GENERATION_TIMEOUT_S)
         loop_kw["engine"] = with_generation_timeout(self.engine, gen_timeout, on_timeout=self._engine_hung)
+        # the OpenAI endpoint (docs/design.md "The OpenAI endpoint"): with serve_openai, or for a mode
+        # whose episodes are agent programs (handed the endpoint); stopped in stop()
+        mode = get_rollout_mode(cfg.rollout_mode)
+        self.openai_endpoint = start_runner_endpoint(cfg, loop_kw["engine"], self.tokenizer, sampling, mode.serves_openai)
+        if mode.serves_openai:
+            loop_kw["endpoint"] = self.openai_endpoint
         self._rollout = make_rollout(
             cfg.rollout_mode, **loop_kw,
             tokenizer=self.tokenizer,
@@ -187,11 +196,11 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         """Run ``group_size`` episodes for each task; returns trajectories and stats.
 
         ``seed``: this call's sampling seed. The algorithm derives it from the run seed, the
-        draw and this runner's index (``algorithms/grpo/rollouts.sampling_seed``), so a restarted
+        draw and this runner's index (``pipelines/runner_requests.sampling_seed``), so a restarted
         runner or a restored run reuses no seed. Without one (a direct call), the seed comes
         from this runner's call counter, which restarts with the runner."""
         assert self._rollout is not None
-        self._close_weight_stream()
+        self.weight_receivers.weights.settle()
         if seed is not None:
             self._rollout.sampling.seed = int(seed)
         elif self._rollout.sampling.seed is not None:
@@ -199,7 +208,9 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             self._rollout.sampling.seed = (int(self.config.seed or 0) * 1000 + self.worker_index) \
                 * 100003 + self._sample_calls
         self._sample_calls += 1
-        trajs, stats = self._rollout.run(tasks, group_size, policy_version=self._weights_seq_no)
+        label = f"runner {self.worker_index}" if self.worker_index else "local runner"
+        with heartbeat(self._rollout.episodes_done, getattr(self.config, "heartbeat_s", None), label):
+            trajs, stats = self._rollout.run(tasks, group_size, policy_version=self.weights_version)
         self._log_sampling(len(trajs), stats)
         return self._result(trajs, stats)
 
@@ -231,7 +242,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             # (max_policy_lag + 1) batches), unless tool_concurrency bounds it
             width = int(cfg.group_size) * int(cfg.tasks_per_iteration) * (int(cfg.max_policy_lag) + 1)
             self._stream = RolloutStream(self._rollout, int(cfg.tool_concurrency or min(width, 256)),
-                                         version=lambda: self._weights_seq_no)
+                                         version=lambda: self.weights_version)
         self._stream.submit([GroupRequest(int(r["key"]), dict(r["task"]), int(r["group_size"]),
                                           None if r.get("seed") is None else int(r["seed"])) for r in requests])
         return self._stream.in_flight_keys()
@@ -271,7 +282,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         passes its own evaluation counter as ``eval_key`` (checkpointed with it), so a restarted
         runner does not repeat the seeds of earlier evaluations; without one (a direct call), this
         runner's call counter, which restarts with the runner."""
-        self._close_weight_stream()
+        self.weight_receivers.weights.settle()
         sampling = {k: v for k, v in (sampling or {}).items() if v is not None}  # None: the training value
         unknown = sorted(set(sampling) - set(EVAL_SAMPLING_KEYS))
         if unknown:
@@ -283,7 +294,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         params = dataclasses.replace(self._rollout.sampling, **sampling, seed=seed)
         params.validate()
         self._eval_rollout.sampling = params
-        trajs, stats = self._eval_rollout.run(tasks, group_size, policy_version=self._weights_seq_no)
+        trajs, stats = self._eval_rollout.run(tasks, group_size, policy_version=self.weights_version)
         return self._result(trajs, stats)
 
     def _result(self, trajs: list[Trajectory], stats) -> dict[str, Any]:
@@ -297,7 +308,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
                 "generated_tokens": stats.generated_tokens,
                 "engine_calls": stats.engine_calls,
                 "rollout_errors": stats.rollout_errors,
-                "weights_seq_no": self._weights_seq_no,
+                "weights_seq_no": self.weights_version,
                 **stats.loop_metrics(),
             },
         }
@@ -316,257 +327,74 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
 
     @property
     def weights_version(self) -> int:
-        return self._weights_seq_no
-
-    def engine_weight_dtype(self) -> str | None:
-        """The dtype this runner's engine holds its weights in ("bfloat16", ...; None when the
-        engine does not say): the weight sync sends wider floating tensors in it."""
-        dtype = getattr(self.engine, "weight_dtype", None)
-        return None if dtype is None else str(dtype).removeprefix("torch.")
+        """The version of the weights the engine holds (-1: none valid)."""
+        return self.weight_receivers.weights.version
 
     def forget_weights_version(self) -> None:
         """The next weight sync is applied whatever version it carries. A restore can bring other
         weights under the version this runner holds (another run's checkpoint of the same
         iteration), which the version check alone would skip (GRPO.set_state calls this)."""
-        self._close_weight_stream()
-        self._weights_seq_no = -1
+        weights = self.weight_receivers.weights
+        weights.settle()
+        weights.version = -1
 
     def stop(self) -> None:
         self.stream_stop()
-        self._close_weight_stream()
-        if self._shared_weights_reader is not None:
-            self._shared_weights_reader.close()
+        if self.openai_endpoint is not None:  # no endpoint outlives its runner
+            self.openai_endpoint.stop()
         if self._rollout is not None:
+            self.weight_receivers.close()
             self.engine.shutdown()
 
     # ------------------------------------------------------------------ Checkpointable
     def get_state(self, components=None, *, not_components=None, **kwargs) -> dict:
-        return {WEIGHTS_SEQ_NO: self._weights_seq_no}
+        return {WEIGHTS_SEQ_NO: self.weights_version}
 
     def set_state(self, state: Any) -> None:
-        """Apply new weights (RLlib's weight sync). States without module weights (RLlib also
-        syncs connector/metrics states through here) leave the weights and version alone."""
+        """Apply new weights (RLlib's weight sync; transport "driver"). States without module
+        weights (RLlib also syncs connector/metrics states through here) leave the weights and
+        version alone."""
         if isinstance(state, ray.ObjectRef):
             state = ray.get(state)
         if COMPONENT_RL_MODULE not in state:
             return
-        self._close_weight_stream()
+        weights = self.weight_receivers.weights
+        weights.settle()
         seq = int(state.get(WEIGHTS_SEQ_NO, 0))
         # Apply on any version change (a restore may go back to an older version).
-        if seq == 0 or seq != self._weights_seq_no:
+        if seq == 0 or seq != weights.version:
             sd = hf_state_dict_from_module_state(state[COMPONENT_RL_MODULE])
             if sd:
-                self._begin_update()
-                try:
+                with weights.updating():
                     self.engine.update_weights(sd, version=seq)
-                finally:
-                    self._end_update()
-        self._weights_seq_no = seq
+        weights.version = seq
 
-    def receive_weight_bucket(self, version: int, meta, ref, last: bool) -> int | None:
-        """Transport "object_store": one bucket of a streamed weight sync (its
-        ``weight_streaming.BucketMeta`` and object ref), forwarded by the driver as soon as the
-        learner put it (docs/design.md "Weight streaming"). The first bucket of a new version
-        starts a ``BucketStream``, which applies the buckets in a thread while the learner puts
-        the next ones; the call returns at once. The ``last`` one waits for the stream and
-        returns the weights version, the new one only when every bucket was applied in order;
-        the other calls return None. The version already held is skipped, as in ``set_state``;
-        a stream of another version still open is abandoned first."""
-        from ..weight_streaming import BucketStream
-
-        seq = int(version)
-        stream = self._weight_stream
-        if stream is not None and stream.version != seq:
-            self._close_weight_stream()
-            stream = None
-        if stream is None and seq != 0 and seq == self._weights_seq_no:
-            return self._weights_seq_no if last else None
-        if stream is None:
-            self._begin_update()  # closed when the stream finishes or is abandoned
-            stream = self._weight_stream = BucketStream(self.engine, seq)
-        stream.add(meta, ref)
-        if not last:
-            return None
-        self._weight_stream = None
-        try:
-            if stream.finish(meta.index + 1):
-                self._weights_seq_no = seq
-        finally:
-            self._end_update()
-        return self._weights_seq_no
-
-    def read_shared_weights(self, handle) -> int | None:
-        """Transport "shared_memory": load the learner's weights straight from its shared
-        memory (``weight_streaming.SharedWeightsHandle``; this runner must be on the learner's
-        node) through the engine's streamed load; returns the weights version, or None when
-        the blocks lost their names before this runner mapped them (a runner that restarted
-        since): the driver then has the learner share new blocks. A version already held is
-        skipped, as in ``set_state``, unless the blocks are new here."""
-        from ..weight_streaming.shared_memory import SharedWeightsReader
-
-        node = ray.get_runtime_context().get_node_id()
-        if handle.node_id != node:
-            raise RuntimeError(f"weight_sync_transport='shared_memory': this runner is on node {node}, the "
-                               f"learner's weights on {handle.node_id}; use 'auto' or 'object_store' across nodes")
-        self._close_weight_stream()
-        if self._shared_weights_reader is None:
-            self._shared_weights_reader = SharedWeightsReader()
-        reader = self._shared_weights_reader
-        if not reader.can_read(handle):
-            return None
-        seq = int(handle.version)
-        if seq == 0 or seq != self._weights_seq_no or not reader.has_mapped(handle):
-            self._begin_update()
-            try:
-                self.engine.load_weights_stream(reader.tensors(handle))
-                self.engine.version = seq
-            finally:
-                self._end_update()
-            self._weights_seq_no = seq
-        return self._weights_seq_no
-
-    def node_id(self) -> str:
-        """The Ray node this runner is on."""
-        return ray.get_runtime_context().get_node_id()
-
-    def _close_weight_stream(self) -> None:
-        """Abandon an unfinished streamed sync (its driver stopped sending) before the engine is
-        used again; the runner keeps reporting its old version."""
-        if self._weight_stream is not None:
-            stream, self._weight_stream = self._weight_stream, None
-            try:
-                stream.abort()
-            finally:
-                self._end_update()
-
-    def _begin_update(self) -> None:
-        """The engine's weights are about to change: wait for the batch decoding in the
-        background (rollout_pipeline="async"), hold new ones (engines/update_gate.py). An engine
-        that is not a ``GenerationEngine`` (a duck-typed one) has no gate: nothing to wait for."""
-        gate = getattr(self.engine, "update_gate", None)
-        if gate is not None:
-            gate.begin()
-
-    def _end_update(self) -> None:
-        gate = getattr(self.engine, "update_gate", None)
-        if gate is not None:
-            gate.end()
-
-    def join_weight_group(self, group_id: str, host: str, port: int, world_size: int) -> int:
-        """Join the learner's weight-sync group (transport "collective"; blocks until every
-        member joined); returns this runner's rank in it. An older group is dropped."""
-        from ..weight_streaming.collective import join_group
-
-        self._weight_group = None
-        self._weight_group = join_group(group_id, world_size, host=host, port=port)
-        return self._weight_group.rank
-
-    def weight_group_id(self) -> str | None:
-        """The id of the weight group this runner is in (None: none, e.g. after a restart)."""
-        group = getattr(self, "_weight_group", None)
-        return None if group is None else group.group_id
-
-    def receive_weight_broadcast(self) -> int:
-        """Receive one broadcast sync into the engine, bucket by bucket (transport
-        "collective"); returns the weights version, the new one only if every bucket came."""
-        from ..weight_streaming.receiver import receive_broadcast
-
-        self._close_weight_stream()
-        self._begin_update()
-        try:
-            complete, version = receive_broadcast(self.engine, self._weight_group)
-        except Exception:
-            self._weight_group = None
-            raise
-        finally:
-            self._end_update()
-        if complete:
-            self._weights_seq_no = version
-        return self._weights_seq_no
-
-    # ------------------------------------------------------------------ transport "vllm"
-    # vLLM's weight-transfer control plane (weight_streaming/vllm_transfer.py RunnerClient calls
-    # these from learner rank 0); the tensors travel on the backend's own channel.
-    def weight_transfer_endpoint(self) -> dict:
-        """What the learner needs to form a transfer group with this runner's engine: how to
-        reach the runner (its Ray actor handle; the runner itself when it is the driver's local
-        one), the engine's worker count (its ranks in the group) and its weight dtype (the
-        sender casts to it)."""
-        target = self if self.worker_index == 0 else ray.get_runtime_context().current_actor
-        return {"target": target, "world_size": int(self.engine.world_size),
-                "dtype": self.engine_weight_dtype()}
-
-    def weight_transfer_group_id(self) -> str | None:
-        """The transfer group this engine is in (None after a restart or a failed update)."""
-        return self._transfer_group_id
-
-    def init_weight_transfer(self, init_info: Mapping[str, Any], group_id: str | None = None) -> None:
-        """Join the learner's transfer group (blocks until every member joined); an older group
-        is left first."""
-        self._close_weight_stream()
-        if self._transfer_group_id is not None:
-            try:
-                self.engine.shutdown_weight_transfer()
-            except Exception:  # the old group may be broken already
-                pass
-        self._transfer_group_id = None
-        self.engine.init_weight_transfer(init_info)
-        self._transfer_group_id = group_id
-
-    def start_weight_update(self) -> None:
-        """Open an update (the gate stays open until ``finish_weight_update`` or a failure)."""
-        self._close_weight_stream()
-        self._begin_update()
-        try:
-            self.engine.start_weight_update()
-        except BaseException:
-            self._end_update()
-            raise
-
-    def receive_weight_update(self, update_info: Mapping[str, Any]) -> None:
-        """Every engine worker receives the tensors ``update_info`` lists; a failure leaves the
-        group (the next sync forms a new one) and the version as it was."""
-        try:
-            self.engine.receive_weight_update(update_info)
-        except BaseException:
-            self._transfer_group_id = None
-            self._end_update()
-            raise
-
-    def finish_weight_update(self, version: int) -> int:
-        """Close the update (vLLM finalizes its layerwise reload; the prefix cache is reset) and
-        take ``version``: only an update that got here changes the runner's version."""
-        try:
-            self.engine.finish_weight_update(int(version))
-        finally:
-            self._end_update()
-        self._weights_seq_no = int(version)
-        return self._weights_seq_no
-
-    def shutdown_weight_transfer(self) -> None:
-        self._transfer_group_id = None
-        self._end_update()
-        self.engine.shutdown_weight_transfer()
+    def weight_receiver_call(self, transport: str | type, method: str, *args: Any) -> Any:
+        """``method(*args)`` of this runner's receiver of ``transport``: how a sender in another
+        process (learner rank 0's vLLM ``RunnerClient``) reaches it, as a plain actor call (an
+        error is returned to the caller; RLlib's ``foreach_env_runner`` would end this runner)."""
+        return getattr(self.weight_receivers.of(transport), method)(*args)
 
     # ------------------------------------------------------------------ colocated mode
-    # (docs/design.md "Cluster placement"; the driver's calls: algorithms/grpo/colocation.py)
+    # (docs/design.md "Cluster placement"; the driver's calls: pipelines/colocation.py)
     def sleep_engine(self, level: int = 1) -> int:
         """Colocated runs, after sampling: the engine gives its GPU memory to the learner beside
         it (``GenerationEngine.sleep``). When the engine drops its weights (vLLM level 2), the
         runner's version becomes -1 (no valid weights) until the next sync, so that a sync of the
         version it held before is applied, not skipped, and a missing sync fails the version
         check. Returns the weights version."""
-        self._close_weight_stream()
+        weights = self.weight_receivers.weights
+        weights.settle()
         if self.engine.sleep(int(level)):
-            self._weights_seq_no = -1
+            weights.version = -1
             self.engine.version = -1
-        return self._weights_seq_no
+        return weights.version
 
     def wake_engine(self, tags: Sequence[str] | None = None) -> int:
         """Colocated runs: reallocate the engine's ``tags`` ("weights" before the weight sync,
         "kv_cache" after it; None = both). Returns the weights version."""
         self.engine.wake_up(list(tags) if tags is not None else None)
-        return self._weights_seq_no
+        return self.weights_version
 
     def get_ctor_args_and_kwargs(self):
         return ((), {"config": self.config})

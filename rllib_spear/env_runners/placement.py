@@ -22,7 +22,7 @@ Ray for ``COLOCATED_LEARNER_GPU`` and the runner for ``COLOCATED_RUNNER_GPU``;
 ``colocated_bundles`` merges each runner's placement-group bundle with one learner's, so Tune
 reserves one bundle (one GPU) per pair; ``colocated_pairs`` checks, from where the actors ended
 up, that every GPU holds one learner and one runner. The engine sleeps while the learners train
-(algorithms/grpo/colocation.py).
+(pipelines/colocation.py).
 """
 from __future__ import annotations
 
@@ -161,8 +161,8 @@ def _colocated_share(given: Any, share: float) -> float | None:
 
 def resolve_colocation(cfg: Any, err: Callable[[str], None]) -> None:
     """validate() of ``.resources(colocate=True)`` (see the module doc): learner ranks on remote
-    actors, one runner per learner, a one-GPU engine, the "sync" pipeline (the engines sleep
-    while the learners train), both residents on a GPU or both on CPU; then
+    actors, one runner per learner, a one-GPU engine, both residents on a GPU or both on CPU
+    (``GRPOConfig`` refuses a pipeline that samples while the engines sleep); then
     ``num_gpus_per_learner`` = ``COLOCATED_LEARNER_GPU`` and ``num_gpus_per_env_runner`` =
     ``COLOCATED_RUNNER_GPU`` (given as 1 each: one GPU, shared). Call after
     ``resolve_runner_gpus``."""
@@ -189,9 +189,6 @@ def resolve_colocation(cfg: Any, err: Callable[[str], None]) -> None:
         err(f"`colocate=True` shares one GPU between a learner rank and an engine, but engine_kwargs "
             f"tensor_parallel_size x pipeline_parallel_size = {k} spans {k} GPUs per engine (not supported "
             "in colocated mode): use tensor_parallel_size=1 with colocate=True, or colocate=False")
-    if getattr(cfg, "rollout_pipeline", "sync") != "sync":
-        err(f"`colocate=True` puts the engines to sleep while the learners train, but rollout_pipeline="
-            f"{cfg.rollout_pipeline!r} samples during training: use rollout_pipeline='sync' (or colocate=False)")
     learner = _colocated_share(cfg.num_gpus_per_learner, COLOCATED_LEARNER_GPU)
     runner = _colocated_share(cfg.num_gpus_per_env_runner, COLOCATED_RUNNER_GPU)
     if learner is None or runner is None or (learner == 0) != (runner == 0):

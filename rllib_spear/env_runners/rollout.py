@@ -275,10 +275,11 @@ class RolloutStats:
     tool_calls_abandoned: int = 0  # of those, calls whose thread was left running
     step_timeouts: int = 0  # env steps past step_timeout_s that ended their episode (turn_sync)
     reset_failures: int = 0  # tasks whose group was not sampled: an env.reset raised or timed out
+    # a rollout mode's own counters (agent_program: agent_program_errors / _timeouts), reported as they are
     extra: dict[str, Any] = field(default_factory=dict)
 
     def loop_metrics(self) -> dict[str, float]:
-        """The agent-loop counters as flat numbers (what ``LLMEnvRunner`` reports)."""
+        """The agent-loop counters as flat numbers (what ``LLMEnvRunner`` reports), ``extra`` included."""
         lat = np.asarray(self.tool_latencies_s, dtype=np.float64)
         q = (lambda p: float(np.percentile(lat, p))) if lat.size else (lambda p: 0.0)
         return {"engine_idle_s": float(self.engine_idle_s),
@@ -291,7 +292,8 @@ class RolloutStats:
                 "tool_timeouts": float(self.tool_timeouts),
                 "tool_calls_abandoned": float(self.tool_calls_abandoned),
                 "step_timeouts": float(self.step_timeouts),
-                "reset_failures": float(self.reset_failures)}
+                "reset_failures": float(self.reset_failures),
+                **{k: float(v) for k, v in self.extra.items()}}
 
 
 @dataclass
@@ -372,6 +374,7 @@ class MultiTurnRollout:
         self.config = config or RolloutConfig()
         self.obs_template = ObservationTemplate.named(self.config.observation_template, tokenizer)
         self._env_pool: list[ToolEnv] = []
+        self._running: list[_Episode] = []  # the episodes of the run in progress (episodes_done)
         eos = tokenizer.eos_token_id
         if eos is not None and eos not in self.sampling.stop_token_ids:
             self.sampling.stop_token_ids = [*self.sampling.stop_token_ids, int(eos)]
@@ -379,6 +382,12 @@ class MultiTurnRollout:
             env = env_factory()
             require_step_prompt(env)
             self._env_pool.append(env)
+
+    def episodes_done(self) -> tuple[int, int]:
+        """(episodes finished, episodes) of the ``run`` in progress or last run: what the
+        sampling heartbeat (env_runners/heartbeat.py) reads, from its own thread."""
+        running = self._running
+        return sum(1 for ep in running if ep.done), len(running)
 
     # -- env pool: environments are reused across calls (they may hold retrievers/sandboxes)
     def _acquire_env(self) -> ToolEnv:
@@ -410,7 +419,7 @@ class MultiTurnRollout:
         """Sample ``group_size`` episodes for every task; returns finished trajectories in
         task order (all G of a task share the task's ``uid``)."""
         stats = RolloutStats()
-        episodes = self._start_episodes(tasks, group_size, stats)
+        episodes = self._running = self._start_episodes(tasks, group_size, stats)
         t_loop, live_time = time.perf_counter(), 0.0
         live = [ep for ep in episodes if not ep.done]  # (a window episode may fail at its first prompt)
         stats.concurrent_episodes_max = len(live)

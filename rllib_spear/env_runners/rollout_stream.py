@@ -6,7 +6,7 @@ coroutine per episode (``AsyncMultiTurnRollout.arun_group``), while the actor's 
 the driver's calls: weight syncs land in the engine between two batches (engines/update_gate.py),
 so an episode in flight continues on the new weights at its next turn (a partial rollout) and each
 of its segments records the version that sampled it. docs/design.md "Fully asynchronous training"
-has the driver's side (algorithms/grpo/async_pipeline.py).
+has the driver's side (pipelines/fully_async.py).
 
 No Ray here: ``LLMEnvRunner`` exposes it as ``stream_submit`` / ``stream_take`` / ``stream_stop``.
 """

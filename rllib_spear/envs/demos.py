@@ -186,7 +186,7 @@ def _explore_game(env, task, rng):
     same room of the game's world, ``ROOMS``) when it is an exit, else move on as above. The
     thought names the phase and the goal's words ("I look for the sock.", "I carry the sock to
     the desk."), which the action then copies."""
-    from rllib_spear.envs.text_game import ROOMS
+    from rllib_spear.data.text_game_worlds import ROOMS
 
     goal = re.search(r"put the (\S+) in the (\S+?)\.", env.last_info.get("goal", "") + ".")
     if goal is None:
@@ -217,7 +217,8 @@ def _explore_game(env, task, rng):
 
 
 def _demo_game(env, task, rng, use_tool, pools, think="plain", player="solver"):
-    from rllib_spear.envs.text_game import generate_game, solve_game
+    from rllib_spear.data.text_game_worlds import generate_game
+    from rllib_spear.envs.text_game import solve_game
 
     def turns(env, observations):
         if use_tool and player == "explorer":

@@ -3,9 +3,9 @@
 An env spec is what ``.environment(env=...)`` and :func:`make_env` take:
 
 * a :class:`~rllib_spear.envs.base.ToolEnv` subclass: built as ``cls(**env_config)``;
-* a name registered with :func:`register_env` (the five built-ins are registered here, imported
-  on first use), or with Ray Tune's ``ray.tune.register_env(name, creator)`` (RLlib's convention:
-  ``creator(env_config: dict) -> env``);
+* a name registered with :func:`register_env` (the five built-ins and ``agent_program`` are
+  registered here, imported on first use), or with Ray Tune's ``ray.tune.register_env(name,
+  creator)`` (RLlib's convention: ``creator(env_config: dict) -> env``);
 * an import path ``"pkg.module:ClassName"`` (or RLlib's dotted ``"pkg.module.ClassName"``): the
   attribute is a ToolEnv subclass or a factory ``factory(env_config: dict) -> ToolEnv``.
 
@@ -17,13 +17,13 @@ Remote env runners (Ray actors) receive the config, spec included, and resolve i
 * a class travels with the config (cloudpickle: by value when defined in ``__main__`` or inside a
   function, by reference, i.e. re-imported, otherwise);
 * an import path is imported in the worker. Ray 2.60 puts the driver's working directory and
-  the directory of the driver script on every worker's ``sys.path`` (``ray/_private/worker.py``,
-  ``_py_driver_sys_path``), not other entries added to ``sys.path`` at run time; ship anything
+  the directory of the driver script on every worker's ``sys.path``, not other entries added
+  to ``sys.path`` at run time; ship anything
   else with ``ray.init(runtime_env={"py_modules": [path]})`` or ``{"working_dir": path}``;
 * :func:`register_env` also registers the name in Ray Tune's registry, which Ray keeps in the
   cluster's KV store for the job, so runners (and Tune's trainable actor) find a name registered
   in the driver before or after ``ray.init``. Looking a name up there uses Tune's private
-  ``ray.tune.registry._global_registry``, as RLlib itself does (``Algorithm._get_env_id_and_creator``).
+  registry, as RLlib itself does (``rllib_private.tune_env_registry``: Tune has no public lookup).
 """
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ BUILTIN_ENVS = {
 }
 for _name, _path in BUILTIN_ENVS.items():
     ENVS.register(_name, _path)
+# The user's agent program against the runner's OpenAI endpoint (rollout_mode="agent_program"):
+# registered by name, but no built-in task kind (its tasks, data and reward are the user's).
+ENVS.register("agent_program", "rllib_spear.envs.agent_program:AgentProgramEnv")
 
 
 class _ClassCreator:
@@ -177,13 +180,13 @@ def _import_path(path: str, label: str | None = None) -> Any:
 
 
 def _tune_registry():
-    """Tune's process registry (ray.tune.registry._global_registry, private: RLlib resolves env
-    names with it), or None without Ray."""
+    """Tune's process registry and its env category (private: RLlib resolves env names with
+    it), or None without Ray."""
     try:
-        from ray.tune.registry import ENV_CREATOR, _global_registry
+        from ..rllib_private import tune_env_registry
     except ImportError:  # pragma: no cover - ray is a dependency
         return None, None
-    return _global_registry, ENV_CREATOR
+    return tune_env_registry()
 
 
 def _from_tune(name: str) -> Any | None:

@@ -46,6 +46,7 @@ from typing import Callable
 
 import numpy as np
 
+from rllib_spear.cache_paths import cache_root
 from rllib_spear.envs.bm25_index import BM25_VARIANTS, INDEX_FORMAT, BM25Index, build_index, print_progress
 from rllib_spear.envs.corpus import CorpusRows, iter_corpus_batches, split_contents, unquote_title
 
@@ -57,7 +58,6 @@ __all__ = [
     "file_sha256",
     "HTTPRetriever",
     "get_retriever",
-    "cache_root",
     "truncate_round_robin",
     "format_search_results",
     "TRUNCATION_NOTE",
@@ -69,11 +69,6 @@ _BIG_CORPUS = 100_000
 _BIG_ROW_GROUP = 16_384
 
 TRUNCATION_NOTE = "System Note: Retrieval results truncated at {max_chars} characters."
-
-
-def cache_root() -> Path:
-    """``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``."""
-    return Path(os.environ.get("RLLIB_SPEAR_CACHE") or Path.home() / ".cache" / "rllib_spear")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Procedurally generated turn-based text games (ALFWorld-like) and the gymnasium-style adapter.
 
-A game (from a seed): 2-4 connected rooms, each with two receptacles (some openable and closed),
-2-4 objects hidden in receptacles, and a pick-and-place goal "put the X in the Y" with X and Y in
-different rooms. Actions (the admissible list is shown every turn, as in ALFWorld/verl-agent):
+A game (from a seed, ``data/text_game_worlds.py``): 2-4 connected rooms, each with two
+receptacles (some openable and closed), 2-4 objects hidden in receptacles, and a pick-and-place
+goal "put the X in the Y" with X and Y in different rooms. Actions (the admissible list is shown every turn, as in ALFWorld/verl-agent):
 ``go to <room>``, ``open <r>``, ``close <r>``, ``take <obj> from <r>``, ``put <obj> in <r>``,
 ``look``, ``inventory``. The player carries one object at a time. Sparse reward: the episode
 ends when the goal holds (success) or after ``max_turns`` turns.
@@ -22,30 +22,16 @@ Three layers:
 """
 from __future__ import annotations
 
-import random
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rllib_spear.data.text_game_worlds import OPENABLE, GameSpec, generate_game
 from rllib_spear.envs.base import StepResult, ToolEnv
 from rllib_spear.core.episode import EpisodeStats
 from rllib_spear.envs.parsers import check_think_format, get_parser
 
-__all__ = ["generate_game", "TextGame", "TextGameGym", "GymTextToolEnv", "TextGameEnv", "solve_game",
+__all__ = ["TextGame", "TextGameGym", "GymTextToolEnv", "TextGameEnv", "solve_game",
            "TEXT_GAME_SYSTEM_PROMPT", "STEP_TEMPLATE_NO_HIS", "STEP_TEMPLATE"]
-
-ROOMS = {
-    "kitchen": ["fridge", "counter"],
-    "hallway": ["shelf", "closet"],
-    "bedroom": ["bed", "dresser"],
-    "bathroom": ["sink", "cupboard"],
-    "garden": ["bench", "shed"],
-    "study": ["desk", "drawer"],
-    "cellar": ["crate", "barrel"],
-    "attic": ["chest", "box"],
-}
-OPENABLE = {"fridge", "closet", "dresser", "cupboard", "shed", "drawer", "crate", "barrel", "chest", "box"}
-OBJECTS = ["apple", "key", "book", "mug", "coin", "candle", "pen", "plate", "sock", "towel", "bottle", "spoon"]
 
 TEXT_GAME_SYSTEM_PROMPT = (
     "You play a text game. Each turn, think inside <think>...</think>, then give exactly one "
@@ -78,49 +64,6 @@ STEP_TEMPLATE = (
     "You are now at step {current_step} and your current observation is: {current_observation}\n"
     "Your admissible actions of the current situation are: [{admissible_actions}].\n\n" + _STEP_TURN
 )
-
-
-@dataclass
-class GameSpec:
-    seed: int
-    rooms: list[str]
-    edges: dict[str, list[str]]
-    receptacles: dict[str, list[str]]  # room -> receptacles
-    contents: dict[str, list[str]]  # receptacle -> objects
-    closed: set[str]
-    start: str
-    goal_obj: str
-    goal_rec: str
-
-    @property
-    def goal_text(self) -> str:
-        return f"put the {self.goal_obj} in the {self.goal_rec}"
-
-
-def generate_game(seed: int, n_rooms: int = 3, n_objects: int = 3) -> GameSpec:
-    """A solvable game, fully determined by (seed, n_rooms, n_objects)."""
-    rng = random.Random(seed)
-    n_rooms = max(2, min(n_rooms, len(ROOMS)))
-    rooms = rng.sample(sorted(ROOMS), n_rooms)
-    edges: dict[str, list[str]] = {r: [] for r in rooms}
-    for i in range(1, n_rooms):  # random tree
-        a, b = rooms[i], rooms[rng.randrange(i)]
-        edges[a].append(b)
-        edges[b].append(a)
-    recs = {r: list(ROOMS[r]) for r in rooms}
-    all_recs = [x for r in rooms for x in recs[r]]
-    closed = {x for x in all_recs if x in OPENABLE and rng.random() < 0.6}
-    objs = rng.sample(OBJECTS, max(1, min(n_objects, len(OBJECTS))))
-    contents: dict[str, list[str]] = {x: [] for x in all_recs}
-    start = rng.choice(rooms)
-    goal_obj = objs[0]
-    obj_room = rng.choice(rooms)
-    goal_room = rng.choice([r for r in rooms if r != obj_room])
-    contents[rng.choice(recs[obj_room])].append(goal_obj)
-    for o in objs[1:]:
-        contents[rng.choice(all_recs)].append(o)
-    goal_rec = rng.choice(recs[goal_room])
-    return GameSpec(seed, rooms, edges, recs, contents, closed, start, goal_obj, goal_rec)
 
 
 class TextGame:

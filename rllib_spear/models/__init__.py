@@ -20,7 +20,6 @@ _EXPORTS = {
     "tiny_model_path": "factory",
     "synthetic_conversations": "factory",
     "conversation_texts": "factory",
-    "default_cache_dir": "factory",
     "cold_start_sft": "sft",
     "sft_examples": "sft",
     "token_logprobs": "logprobs",

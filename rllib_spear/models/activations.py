@@ -52,7 +52,12 @@ from typing import TYPE_CHECKING, Iterable
 if TYPE_CHECKING:
     from .shapes import ModelShape
 
-__all__ = ["Precision", "SavedBytes", "saved_bytes", "block_saved_bytes", "head_rows_per_chunk"]
+__all__ = ["Precision", "SavedBytes", "saved_bytes", "block_saved_bytes", "head_rows_per_chunk",
+           "DEFAULT_CHUNK_ELEMENTS"]
+
+#: Default chunk budget of ``token_logprobs``'s output head: float32 logits elements per chunk
+#: (2**24 = 64 MB). Its home is here, torch-free, so that the planner reads the same value.
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -265,8 +270,6 @@ def _head_saved(shape: "ModelShape", prec: Precision, hidden: _T, *, train_head:
 def head_rows_per_chunk(shape: "ModelShape", rows: int, chunk_size: int | None = None) -> int:
     """Gathered positions per head chunk in ``token_logprobs``: ``rows * chunk`` with
     ``chunk = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (rows * V))`` (models/logprobs.py)."""
-    from ..planning.layouts import DEFAULT_CHUNK_ELEMENTS  # = models/logprobs.py's, without torch
-
     chunk = int(chunk_size) if chunk_size else max(1, DEFAULT_CHUNK_ELEMENTS // max(1, rows * shape.vocab))
     return max(1, rows * chunk)
 

@@ -16,12 +16,13 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..cache_paths import cache_root
+
 __all__ = [
     "build_tiny_model",
     "tiny_model_path",
     "synthetic_conversations",
     "conversation_texts",
-    "default_cache_dir",
     "atomic_build_dir",
     "progress_bar",
 ]
@@ -61,12 +62,6 @@ def progress_bar(total: int, desc: str):
     interval = 2.0 if sys.stderr.isatty() else 15.0
     return tqdm(total=total, desc=f"[rllib_spear] {desc}", file=sys.stderr, mininterval=interval,
                 maxinterval=max(interval, 10.0), dynamic_ncols=True, leave=True)
-
-
-def default_cache_dir() -> Path:
-    """``$RLLIB_SPEAR_CACHE`` or ``~/.cache/rllib_spear``."""
-    env = os.environ.get("RLLIB_SPEAR_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "rllib_spear"
 
 
 class atomic_build_dir:
@@ -229,7 +224,7 @@ def tiny_model_path(
     of any layer; built once per parameter set under ``cache_dir/tiny-<hash>``."""
     params = dict(arch=arch, hidden=hidden, layers=layers, heads=heads, vocab_size=vocab_size, seed=seed, v=1)
     key = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:16]
-    final = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = Path(cache_dir) if cache_dir is not None else cache_root()
     final = final / f"tiny-{arch}-{key}"
     if (final / "config.json").exists():
         return str(final)

@@ -2,7 +2,7 @@
 
 ``HFCausalLMRLModule`` (models/rl_module.py) builds its model with :func:`load_causal_lm` and
 runs its forward pass with :func:`score_batch`; the RLlib-free update core of the learner
-(algorithms/grpo/update_core.py) and benchmarks/gpu_learner_check.py call the same two
+(learner/core.py) and benchmarks/gpu_learner_check.py call the same two
 functions, so a machine without Ray (a bare GPU box) exercises the code the learner runs.
 """
 from __future__ import annotations

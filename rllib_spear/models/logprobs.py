@@ -20,11 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .activations import DEFAULT_CHUNK_ELEMENTS  # the planner's value too (torch-free home)
+
 __all__ = ["token_logprobs", "naive_token_logprobs", "position_ids_from_mask", "unwrap_causal_lm"]
-
-
-#: Default chunk budget: float32 logits elements per chunk (2**24 = 64 MB).
-DEFAULT_CHUNK_ELEMENTS = 1 << 24
 
 
 def lm_vocab(model) -> int:

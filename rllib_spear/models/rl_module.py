@@ -51,6 +51,7 @@ import torch
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.rllib.core.rl_module.torch import TorchRLModule
 
+from ..rllib_private import ray_deprecation_logger
 from .hf_policy import load_causal_lm, score_batch
 
 __all__ = ["HFCausalLMRLModule", "hf_rl_module_spec", "empty_weights"]
@@ -68,7 +69,7 @@ class _RLlibOwnRLModuleConfigNotice(logging.Filter):
         return "RLModule(config=[RLModuleConfig" not in record.getMessage()
 
 
-logging.getLogger("ray._common.deprecation").addFilter(_RLlibOwnRLModuleConfigNotice())
+ray_deprecation_logger().addFilter(_RLlibOwnRLModuleConfigNotice())
 
 #: Set by ``empty_weights()``: modules built meanwhile hold meta-device (unallocated) weights.
 _EMPTY_INIT: contextvars.ContextVar[bool] = contextvars.ContextVar("rllib_spear_empty_init", default=False)

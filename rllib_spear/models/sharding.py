@@ -31,7 +31,7 @@ parameters are all-gathered by FSDP's pre-forward hook, so the sharded LM gets a
 method registered with ``register_fsdp_forward_method``: one root "forward" around the body and
 every head chunk. ``token_logprobs`` dispatches to it when it is present.
 
-No Ray here: the learner (algorithms/grpo/learner.py) calls these on its process group.
+No Ray here: the learner (learner/module_layout.py, learner/steps.py) calls these on its process group.
 """
 from __future__ import annotations
 

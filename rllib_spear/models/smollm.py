@@ -14,8 +14,9 @@ import json
 import os
 from pathlib import Path
 
+from ..cache_paths import cache_root
 from .dtypes import torch_dtype
-from .factory import atomic_build_dir, default_cache_dir
+from .factory import atomic_build_dir
 
 __all__ = ["smollm2_gguf_path", "smollm2_path", "SMOLLM2_GGUF"]
 
@@ -47,7 +48,7 @@ def smollm2_path(cache_dir: str | os.PathLike | None = None, *, dtype: str = "fl
     gguf = smollm2_gguf_path()
     st = gguf.stat()
     key = hashlib.sha256(f"{st.st_size}-{dtype}-v1".encode()).hexdigest()[:12]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     final = root / f"smollm2-135m-instruct-{key}"
     if (final / "DONE").exists():
         return str(final)

@@ -1,7 +1,7 @@
 """Colocated GPUs (``.resources(colocate=True)``): one learner rank and one engine on each GPU
-(:class:`ColocatedPlan`, :func:`plan_colocated`, :func:`colocated_problems`).
+(:class:`ColocatedPlan`, :func:`plan_colocated`; what to change when it does not fit: ``fixes.py``).
 
-The two residents take turns (algorithms/grpo/colocation.py), so the GPU must hold each phase of
+The two residents take turns (pipelines/colocation.py), so the GPU must hold each phase of
 an iteration, with G = ``gpu_memory_gb``:
 
     sampling   learner resident + allowance + engine awake          <= G
@@ -25,28 +25,20 @@ GPU, ``GPUS_PER_NODE`` GPUs per node); level 2 keeps no copy (the sync rewrites 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .engine import EnginePlan, plan_engine
+from .engine import EnginePlan
 from .layouts import GIB, GPUS_PER_NODE, OVERHEAD_GIB, _gib
-from .learner import LearnerPlan, plan_learner
+from .layouts import gib_text as _g
+from .learner import LearnerPlan
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..planner import MemoryPlan
-
-__all__ = ["ColocatedPlan", "plan_colocated", "colocated_problems", "VLLM_ASLEEP_GIB", "HF_ASLEEP_GIB"]
+__all__ = ["ColocatedPlan", "plan_colocated", "VLLM_ASLEEP_GIB", "HF_ASLEEP_GIB"]
 
 #: GPU memory a sleeping vLLM engine keeps (CUDA context, CUDA graphs, non-torch allocations); an
 #: estimate, unverified on a GPU here.
 VLLM_ASLEEP_GIB = 1.0
 #: GPU memory a sleeping HF engine keeps (its process's CUDA context).
 HF_ASLEEP_GIB = 0.5
-
-
-def _g(b: float) -> str:
-    return f"{b / GIB:.2f}"
 
 
 @dataclass
@@ -158,113 +150,3 @@ def plan_colocated(learner: LearnerPlan, engine: EnginePlan, gpu_gib: float | No
     if ranks_per_node is None:
         ranks_per_node = min(learner.layout.ranks, GPUS_PER_NODE)
     return ColocatedPlan(learner, engine, gpu_gib, int(sleep_level), int(bucket_bytes), int(ranks_per_node))
-
-
-# ---------------------------------------------------------------------- fixes
-def _set(section: str, kw: dict) -> str:
-    """A fix as the builder call and the ``--set`` flags (planner_report's form)."""
-    from ..planner_report import _call
-
-    return _call(section, kw)
-
-
-def _engine_util(u: float) -> str:
-    from ..planner_report import set_form
-
-    return (f'engine_kwargs "gpu_memory_utilization": {u:g} '
-            f"({set_form('env_runners', {'engine_kwargs': {'gpu_memory_utilization': u}})})")
-
-
-def _replan(p: "MemoryPlan", c: ColocatedPlan, **layout_kw) -> ColocatedPlan:
-    lay = c.learner.layout.replace(**layout_kw)
-    lp = plan_learner(p.shape, lay, micro_batch_token_budget=c.learner.micro_batch_token_budget,
-                      max_model_len=p.max_model_len, chunk_size=p.chunk_size)
-    return dataclasses.replace(c, learner=lp)
-
-
-def _with_util(p: "MemoryPlan", c: ColocatedPlan, u: float) -> ColocatedPlan:
-    eng = plan_engine(p.shape, c.engine.layout.replace(gpu_memory_utilization=u), c.gpu_gib)
-    return dataclasses.replace(c, engine=eng)
-
-
-def _utilizations(c: ColocatedPlan) -> list[float]:
-    """Candidate gpu_memory_utilization values (0.05 steps) between 0.05 and 0.95."""
-    return [round(0.05 * i, 2) for i in range(1, 20)]
-
-
-def colocated_problems(p: "MemoryPlan") -> list[str]:
-    """What does not fit on a colocated GPU and the single changes that would (naming the knobs:
-    gpu_memory_utilization, micro_batch_token_budget and the learners() layout, sleep level)."""
-    from ..planner_report import learner_fixes
-
-    c = p.colocated
-    assert c is not None
-    g = c.gpu_gib
-    out = []
-    if g is None:
-        return out
-    u = c.engine.layout.gpu_memory_utilization
-    if c.vllm and c.engine.fits is False:
-        fixes = [_engine_util(v) + f": {cc.engine.kv_tokens:,} KV tokens, sampling phase {_g(cc.sampling)} GiB"
-                 for v in _utilizations(c) if v > u
-                 for cc in [_with_util(p, c, v)] if cc.engine.fits and cc.sampling_fits][:1]
-        msg = (f"colocated engine: gpu_memory_utilization={u:g} x {g:g} GiB holds weights {_g(c.engine.weights)} + "
-               f"reserve {_g(c.engine.reserve)} GiB, leaving its KV cache {c.engine.kv_tokens:,} tokens, fewer than "
-               f"one max_model_len={c.engine.layout.max_model_len} sequence.")
-        out.append(msg + (" Changes that fit:\n  - " + "\n  - ".join(fixes) if fixes else
-                          " No gpu_memory_utilization leaves room for the learner beside it: lower max_model_len, "
-                          "or set colocate=False (learners and engines on their own GPUs)"))
-    if c.training_fits is False:
-        left = g - _gib(c.asleep)
-        shadow = dataclasses.replace(p, gpu_memory_gb=left, colocated=None)
-        out.append(f"colocated training phase: the sleeping engine keeps {_g(c.asleep)} GiB of the {g:g} GiB GPU, "
-                   f"leaving {left:.2f} GiB to the learner (with colocate=True, num_env_runners follows "
-                   f"num_learners): " + learner_fixes(shadow))
-    if c.sampling_fits is False:
-        msg = (f"colocated sampling phase: the learner keeps {_g(c.learner_resident)} GiB on the GPU between "
-               f"updates (parameters {_g(c.learner.params)}, gradients {_g(c.learner.grads + c.learner.buckets)}, "
-               f"AdamW {_g(c.learner.optim)}, reference {_g(c.learner.reference)}, allowance {OVERHEAD_GIB:g}) "
-               f"while the awake engine claims {_g(c.engine_awake)} GiB"
-               + (f" (gpu_memory_utilization={u:g})" if c.vllm else "")
-               + f": {_g(max(c.sampling, c.sync))} GiB, more than gpu_memory_gb={g:g}.")
-        fixes = []
-        if c.vllm:
-            for v in sorted(_utilizations(c), reverse=True):
-                if v >= u:
-                    continue
-                cc = _with_util(p, c, v)
-                if cc.sampling_fits and cc.engine.fits:
-                    fixes.append(_engine_util(v) + f": sampling phase {_g(cc.sampling)} GiB, "
-                                 f"{cc.engine.kv_tokens:,} KV tokens = {cc.engine.sequences} sequences")
-                    break
-        lay = c.learner.layout
-        if lay.num_learners >= 1 and not lay.cpu_offload:
-            cc = _replan(p, c, sharding="fsdp", cpu_offload=True)
-            if cc.fits:
-                kw = {"sharding": "fsdp", "cpu_offload": True} if not lay.fsdp else {"cpu_offload": True}
-                fixes.append(_set("learners", kw) + f": learner resident {_g(cc.learner_resident)} GiB "
-                             f"(its state in CPU memory)")
-        for n in (2, 4, 8, 16, 32, 64, 128):
-            if n <= lay.ranks:
-                continue
-            cc = _replan(p, c, sharding="fsdp", num_learners=n)
-            if cc.fits:
-                fixes.append(_set("learners", {"num_learners": n, "sharding": "fsdp"})
-                             + f" with .env_runners(num_env_runners={n}): learner resident "
-                             f"{_g(cc.learner_resident)} GiB per GPU")
-                break
-        out.append(msg + (" Changes that fit:\n  - " + "\n  - ".join(fixes) if fixes
-                          else " No single change fits; or set colocate=False"))
-    return out
-
-
-def colocated_host_problem(p: "MemoryPlan") -> str | None:
-    """The pinned host memory of sleep level 1 (plus ``cpu_offload``'s) against ``host_memory_gb``."""
-    c = p.colocated
-    if c is None or c.host_fits(p.host_memory_gb, p.learner.cpu_ram_per_node) is not False:
-        return None
-    return (f"colocated engines at sleep level 1 pin {_g(c.host_bytes_per_node)} GiB of host memory per node "
-            f"(their weights, {c.ranks_per_node} GPUs) beside the learners' {_g(p.learner.cpu_ram_per_node)} GiB, "
-            f"more than host_memory_gb={p.host_memory_gb:g}. Change that fits:\n  - "
-            + _set("resources", {"colocate_sleep_level": 2}) + ": the weights are dropped while the learners "
-            "train and the weight sync writes them back (no host copy)")

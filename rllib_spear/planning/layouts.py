@@ -12,8 +12,6 @@ GIB = 2**30
 OVERHEAD_GIB = 3.0
 #: Learner ranks per node, for the CPU RAM of ``cpu_offload``.
 GPUS_PER_NODE = 8
-#: float32 logits per head chunk (models/logprobs.py DEFAULT_CHUNK_ELEMENTS; copied: no torch here).
-DEFAULT_CHUNK_ELEMENTS = 1 << 24
 #: vLLM defaults assumed when engine_kwargs does not set them.
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 #: ``gpu_memory_utilization`` of a colocated vLLM engine when ``engine_kwargs`` sets none
@@ -44,6 +42,11 @@ def dtype_bytes(name: Any, default: int = 4) -> int:
 
 def _gib(b: float) -> float:
     return b / GIB
+
+
+def gib_text(b: float) -> str:
+    """Bytes as GiB with two decimals, as the report and the fixes print them."""
+    return f"{b / GIB:.2f}"
 
 
 # ---------------------------------------------------------------------- layouts

@@ -13,7 +13,7 @@ and select it with ``.training(response_filters=("overlong", "too_short"))``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from ..registry import Registry
 from .piece import ErrorFn, Piece, check_choice, check_ints, piece_decorator
 
 __all__ = ["RESPONSE_FILTERS", "register_response_filter", "FilterResult", "apply_filters", "DRBOT_FILTERS",
-           "OVERLONG_SCOPES", "NEARLY_ALL_FILTERED", "filtered_batch_warning"]
+           "OVERLONG_SCOPES", "NEARLY_ALL_FILTERED", "TOOL_USE_COLD_START", "filtered_batch_warning",
+           "masked_response"]
 
 RESPONSE_FILTERS: Registry[Piece] = Registry(
     "response filter", register_hint="rllib_spear.recipe.register_response_filter")
@@ -126,14 +127,12 @@ def apply_filters(trajs: list[Trajectory], cfg: Any) -> FilterResult:
 #: A batch whose filters masked this share of its responses or more trains (almost) nothing.
 NEARLY_ALL_FILTERED = 0.9
 
-#: What to look at when one filter masks (nearly) a whole batch: the knob, and the usual cause.
+#: The cold start a new ``FunctionToolEnv`` (Hermes ``<tool_call>``, ``<answer>``) starts from on CPU.
+TOOL_USE_COLD_START = "smollm2-tools"
+
+#: What to look at when one filter masks (nearly) a whole batch: the knob, and the usual cause
+#: ("incomplete" depends on the model in use: ``_incomplete_hint``).
 _FILTER_HINTS = {
-    "incomplete": ("the responses have no valid final answer in the environment's format (on an agent task: "
-                   "some step of the episode held no action in the format, docs/algorithms.md 1.5): check that the model "
-                   "speaks it (the embedded model only speaks the embedded search tasks' format; start a new "
-                   "environment or tool with an instruct model: rl_module(model_config={'model_path': "
-                   "'smollm2-instruct'}) or any local HF instruct model folder), or drop 'incomplete' from "
-                   "training(response_filters=...)"),
     "overlong": ("the responses reach the token budget: raise env_runners(max_response_tokens=..., "
                  "max_new_tokens=...), or set training(overlong_scope='episode') or drop 'overlong' from "
                  "training(response_filters=...)"),
@@ -146,16 +145,50 @@ _FILTER_HINTS = {
 }
 
 
-def filtered_batch_warning(fractions: dict[str, float],
-                           threshold: float = NEARLY_ALL_FILTERED) -> str | None:
+def _incomplete_hint(model: str | None) -> str:
+    """Why responses lack a final answer, and what to try; never the model already in use
+    (``model``: the name of the cold start in use, ``coldstart.lookup.cold_start_name``)."""
+    head = ("the responses have no valid final answer in the environment's format (on an agent task: some step of "
+            "the episode held no action in the format, docs/algorithms.md 1.5): check that the model speaks it")
+    tail = "or drop 'incomplete' from training(response_filters=...)"
+    if model == TOOL_USE_COLD_START:
+        return (f"{head}. The model in use ({TOOL_USE_COLD_START!r}) was taught FunctionToolEnv's format (a Hermes "
+                "<tool_call>, then <answer>...</answer>) on synthetic tools: check that your environment's prompt "
+                "lists its tools and asks for that format, and that env_runners(max_new_tokens=...) leaves room "
+                "for a call; an environment with another format needs a cold start of its own "
+                "(rllib_spear.models.sft.cold_start_sft on demonstrations of it) or a larger instruct model; "
+                + tail)
+    return (f"{head} (the embedded model only speaks the embedded search tasks' format, and an instruct model "
+            "such as 'smollm2-instruct' answers a new tool's requests in prose). For a new FunctionToolEnv on CPU, "
+            f"start from the tool-use cold start: rl_module(model_config={{'model_path': {TOOL_USE_COLD_START!r}}}) "
+            "(SmolLM2-135M taught the Hermes <tool_call> format, built on first use), or a local HF instruct model "
+            "that calls tools; " + tail)
+
+
+def masked_response(trajs: Sequence[Trajectory], filtered: Sequence[bool], limit: int = 300) -> str | None:
+    """One masked response of the batch, as the model wrote it: the first filtered trajectory's
+    assistant turns (joined with `` | ``), cut to ``limit`` characters; None if none is masked."""
+    for t, masked in zip(trajs, filtered):
+        if masked:
+            text = " | ".join(t.rollout.assistant_texts) or "(no turn generated)"
+            return repr(text if len(text) <= limit else text[:limit] + "...")
+    return None
+
+
+def filtered_batch_warning(fractions: dict[str, float], threshold: float = NEARLY_ALL_FILTERED, *,
+                           sample: str | None = None, model: str | None = None) -> str | None:
     """A warning when the filters masked ``threshold`` of the batch or more, naming the filter
-    that masked the most and its knob; None otherwise."""
+    that masked the most and its knob, and quoting ``sample`` (one masked response,
+    :func:`masked_response`); None otherwise. ``model``: the name of the cold start in use
+    (``coldstart.lookup.cold_start_name``) or its folder, never recommended."""
     share = fractions.get("any", 0.0)
     if share < threshold:
         return None
     by_share = sorted(((v, k) for k, v in fractions.items() if k != "any"), reverse=True)
     top = by_share[0][1] if by_share else "any"
-    hint = _FILTER_HINTS.get(top, f"see what the filter {top!r} checks, or drop it from training(response_filters=...)")
+    hint = _incomplete_hint(model) if top == "incomplete" else _FILTER_HINTS.get(
+        top, f"see what the filter {top!r} checks, or drop it from training(response_filters=...)")
     detail = ", ".join(f"{k} {v:.0%}" for v, k in by_share if v > 0)
+    quoted = f" One masked response: {sample}" if sample else ""
     return (f"the response filters masked {share:.0%} of this batch ({detail}): it trains (almost) nothing. "
-            f"Most of it is '{top}': {hint}")
+            f"Most of it is '{top}': {hint}.{quoted}")

@@ -345,7 +345,7 @@ class EngineWeightSource(WeightSource):
 
     ``named_shapes``: (name, shape, dtype) of every tensor, in order, on every rank.
     ``iterate``: a fresh pass of (name, tensor or None) pairs (None on ranks that only take part
-    in the gathers), e.g. ``LearnerStateMixin.iter_engine_weights``."""
+    in the gathers), e.g. ``learner_side.LearnerWeights.iter``."""
 
     def __init__(self, named_shapes: Sequence[tuple[str, Sequence[int], torch.dtype]],
                  iterate: Callable[[], Iterator[tuple[str, torch.Tensor | None]]],
@@ -376,10 +376,11 @@ class EngineWeightSource(WeightSource):
 # ---------------------------------------------------------------------------------- client
 class RunnerClient:
     """vLLM's ``VLLMWeightSyncClient`` over the env runners that hold the engines: each call goes
-    to every runner at once (Ray actor handles, or runner objects in this process) and waits for
-    all. Engines of several runners share one group: runner ``i`` gets its own ``rank_offset``
-    (1 + the world sizes of the runners before it), which vLLM's single-client protocol has no
-    place for."""
+    to every runner at once and waits for all. A runner is a Ray actor handle (the call goes to
+    its receiver of transport "vllm", ``LLMEnvRunner.weight_receiver_call``) or an object in this
+    process with the engine's transfer methods (a ``VLLMReceiver``, or an engine itself). Engines
+    of several runners share one group: runner ``i`` gets its own ``rank_offset`` (1 + the world
+    sizes of the runners before it), which vLLM's single-client protocol has no place for."""
 
     def __init__(self, runners: Sequence[Any], world_sizes: Sequence[int]) -> None:
         if len(runners) != len(world_sizes):
@@ -395,11 +396,12 @@ class RunnerClient:
         self.pending_version: int | None = None
 
     def _call(self, method: str, per_runner: Callable[[int], tuple] = lambda i: ()) -> list:
-        remote = [hasattr(getattr(r, method, None), "remote") for r in self.runners]
+        remote = [hasattr(getattr(r, "weight_receiver_call", None), "remote") for r in self.runners]
         if all(remote):
             import ray
 
-            return ray.get([getattr(r, method).remote(*per_runner(i)) for i, r in enumerate(self.runners)])
+            return ray.get([r.weight_receiver_call.remote("vllm", method, *per_runner(i))
+                            for i, r in enumerate(self.runners)])
         if any(remote):
             raise TypeError("RunnerClient: a mix of Ray actor handles and local runners")
         if len(self.runners) == 1:

@@ -1,5 +1,5 @@
 """The fully async pipeline's bookkeeping on a fake runner group (no Ray,
-algorithms/grpo/async_pipeline.py): the submission window, oldest-first collection with the rest
+pipelines/fully_async.py): the submission window, oldest-first collection with the rest
 kept for the next iteration, lag per oldest segment with stale groups dropped whole, runners that
 die or restart (their groups are lost, counted and sampled again), failed groups, checkpoints of
 the outstanding tasks, and the config knobs (docs/design.md "Fully asynchronous training")."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from rllib_spear import GRPOConfig
-from rllib_spear.algorithms.grpo.async_pipeline import AsyncPipeline, merge_runner_stats
+from rllib_spear.pipelines.fully_async import AsyncPipeline, merge_runner_stats
 from rllib_spear.recipe import TaskSampler
 
 G = 2

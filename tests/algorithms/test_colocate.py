@@ -16,7 +16,7 @@ import torch
 
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import GRPOConfig, SPEARConfig
-from rllib_spear.algorithms.grpo.colocation import EngineSleepCycle
+from rllib_spear.pipelines.colocation import EngineSleepCycle
 from rllib_spear.env_runners.placement import (
     COLOCATED_GPU_MEMORY_UTILIZATION, COLOCATED_LEARNER_GPU, COLOCATED_RUNNER_GPU, colocated_bundles,
     colocated_pairs, engine_device, runner_engine_kwargs,
@@ -127,7 +127,7 @@ PROBE = textwrap.dedent("""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     import rllib_spear
     from rllib_spear import GRPOConfig
-    from rllib_spear.algorithms.grpo.colocation import actor_place, check_colocated_placement
+    from rllib_spear.pipelines.colocation import actor_place, check_colocated_placement
 
     class Runner(EnvRunner):  # RLlib's env-runner actor, without an engine
         def assert_healthy(self): pass
@@ -378,15 +378,17 @@ class _SleepyEngine:
 def _runner(engine):
     from rllib_spear.env_runners.llm_env_runner import LLMEnvRunner
 
+    from rllib_spear.weight_streaming import EngineWeights, WeightReceivers
+
     r = object.__new__(LLMEnvRunner)  # the colocated methods only need the engine and the version
-    r.engine, r._weights_seq_no, r._weight_stream = engine, 3, None
+    r.engine, r.weight_receivers = engine, WeightReceivers(EngineWeights(engine, version=3))
     return r
 
 
 def test_runner_version_after_a_weight_dropping_sleep(monkeypatch):
     """Level 2 drops the weights: the runner's version becomes -1, so a sync of the version it held
     is applied, not skipped, and a missing sync fails the version check."""
-    from rllib_spear.algorithms.grpo.weight_sync import check_versions
+    from rllib_spear.weight_streaming import check_versions
 
     r = _runner(_SleepyEngine(drops=False))
     assert r.sleep_engine(1) == 3 and r.wake_engine(["weights"]) == 3
@@ -409,7 +411,7 @@ def test_runner_version_after_a_weight_dropping_sleep(monkeypatch):
 
 # ---------------------------------------------------------------------- the planner
 def _planned(**kw):
-    from rllib_spear.planner import plan
+    from rllib_spear.planning import plan
 
     # 8 pairs of a Qwen2.5-7B learner rank (FSDP, bf16, checkpointing) and a bf16 vLLM engine on 80 GB
     # GPUs; the model's shape is the bundled config.json matched by the folder's name
@@ -423,6 +425,7 @@ def _planned(**kw):
 
 
 def test_planner_models_both_residents_of_a_gpu():
+    from rllib_spear.planning import format_plan
     from rllib_spear.planning.colocate import VLLM_ASLEEP_GIB
     from rllib_spear.planning.layouts import GIB
 
@@ -434,7 +437,7 @@ def test_planner_models_both_residents_of_a_gpu():
     assert c.sampling == p.learner.persistent + p.learner.overhead + int(0.5 * 80 * GIB)
     assert c.sync == p.learner.persistent + p.learner.overhead + c.engine.weights + 256 * 2**20
     assert c.host_bytes_per_node == 8 * c.engine.weights  # sleep level 1: one pinned copy per GPU
-    assert "colocated GPU" in p.format() and "sampling phase" in p.format()
+    assert "colocated GPU" in format_plan(p) and "sampling phase" in format_plan(p)
     _, p2 = _planned(resources={"colocate_sleep_level": 2})
     assert p2.colocated.host_bytes_per_node == 0
     _, plain = _planned(resources={"colocate": False})
@@ -450,12 +453,12 @@ def test_validate_refuses_a_colocated_config_that_cannot_fit():
     with pytest.raises(ValueError, match=r"(?s)colocated training phase: the sleeping engine keeps 1.00 GiB.*"
                                          r"activation_checkpointing=True.*micro_batch_token_budget=8192"):
         cfg.validate(check_files=False)
-    from rllib_spear.planner import check_fits, plan
+    from rllib_spear.planning import check_fits, plan, plan_problems
 
     cfg = _planned()[0]
     assert check_fits(cfg) is None
     # sleep level 1 pins 8 x 14.2 GiB of engine weights per node: 64 GiB of host memory is too little
     p = plan(cfg, host_memory_gb=64)
-    assert p.fits is False and any("colocate_sleep_level=2" in m for m in p.problems())
+    assert p.fits is False and any("colocate_sleep_level=2" in m for m in plan_problems(p))
     cfg.resources(colocate_sleep_level=2)
     assert plan(cfg, host_memory_gb=64).fits is True

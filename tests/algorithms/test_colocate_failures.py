@@ -10,7 +10,7 @@ import pytest
 from ray.rllib.utils.metrics.metrics_logger import MetricsLogger
 
 import rllib_spear.algorithms.grpo.grpo as grpo_module
-from rllib_spear.algorithms.grpo.colocation import EngineSleepCycle
+from rllib_spear.pipelines.colocation import EngineSleepCycle
 from rllib_spear.algorithms.grpo.grpo import GRPO
 
 
@@ -51,7 +51,7 @@ class _Recipe:
         return None
 
     def filter(self, trajs):
-        return SimpleNamespace(fractions={})
+        return SimpleNamespace(fractions={}, filtered=[False] * len(trajs))
 
     def learner_rows(self, trajs, adv, kept):
         return []
@@ -73,7 +73,8 @@ def _algo(monkeypatch, level=2):
     algo = object.__new__(GRPO)
     algo.config = SimpleNamespace(tasks_per_iteration=1, group_size=2, sharding="ddp",
                                   weight_sync_transport="object_store", engine="hf", weight_sync_bucket_mb=1,
-                                  weight_transfer_backend="auto", num_gpus_per_learner=0, colocate=True)
+                                  weight_transfer_backend="auto", num_gpus_per_learner=0, colocate=True,
+                                  log_samples=0)
     algo.metrics = MetricsLogger()
     algo.env_runner_group = _Group(log)
     algo.learner_group = SimpleNamespace(foreach_learner=lambda fn: SimpleNamespace(result_or_errors=[]))
@@ -81,7 +82,7 @@ def _algo(monkeypatch, level=2):
     algo.algo_step, algo._policy_version, algo._sync_owed = 0, 0, False
     algo._sleep_cycle = EngineSleepCycle(level)
 
-    def next_batch(n):
+    def next_batch():
         assert all(r.version >= 0 for r in algo.env_runner_group.runners), "sampled on dropped weights"
         log.append("sample")
         return [SimpleNamespace(uid="t0")], []
@@ -91,7 +92,7 @@ def _algo(monkeypatch, level=2):
         if faults["update"]:
             raise RuntimeError("update failed")
 
-    def sync(learner_group, group, sharding, **kw):
+    def sync(learner_group, group):
         log.append("sync")
         if faults["sync"]:
             raise RuntimeError("sync failed")
@@ -102,7 +103,7 @@ def _algo(monkeypatch, level=2):
     algo.next_batch, algo.update_learners = next_batch, update
     algo._log_rollout_metrics = lambda *a, **k: None
     monkeypatch.setattr(grpo_module, "run_trajectory_callbacks", lambda *a, **k: None)
-    monkeypatch.setattr(grpo_module, "sync_weights", sync)
+    algo.weight_sync = sync
     return algo, log, faults
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from rllib_spear.algorithms.grpo.evaluation import sample_for_evaluation
+from rllib_spear.pipelines.runner_requests import sample_for_evaluation
 from rllib_spear.env_runners.engines.base import SamplingConfig
 from rllib_spear.env_runners.llm_env_runner import LLMEnvRunner
+from rllib_spear.weight_streaming import EngineWeights, WeightReceivers
 
 
 class _EvalRollout:
@@ -24,7 +25,7 @@ def _runner(worker_index=1):
     """A runner as built, without an engine: its evaluation rollout records each call's seed."""
     r = object.__new__(LLMEnvRunner)
     r.config, r.worker_index = SimpleNamespace(seed=7), worker_index
-    r._weight_stream, r._weights_seq_no, r._eval_calls = None, 0, 0
+    r.weight_receivers, r._eval_calls = WeightReceivers(EngineWeights(None)), 0
     r._rollout = SimpleNamespace(sampling=SamplingConfig(max_new_tokens=4, seed=0))
     r._eval_rollout = _EvalRollout()
     r._result = lambda trajs, stats: {"trajectories": trajs, "stats": {}}

@@ -7,7 +7,7 @@ import ray
 from ray.rllib.algorithms.algorithm_config import AlgorithmConfig
 
 from rllib_spear import SPEARConfig
-from rllib_spear.algorithms.grpo import local_ray
+from rllib_spear.cluster import local_ray
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
-"""The resource check GRPO.setup runs before any actor starts (algorithms/grpo/resource_check.py,
+"""The resource check GRPO.setup runs before any actor starts (cluster/resource_check.py,
 docs/design.md "Fault tolerance"): a pure function of (config, cluster totals), no Ray needed."""
 from __future__ import annotations
 
 import pytest
 
 from rllib_spear import GRPOConfig
-from rllib_spear.algorithms.grpo import resource_check as rc
-from rllib_spear.algorithms.grpo.resource_check import check_resources, learner_cpus, resource_demands
+from rllib_spear.cluster import resource_check as rc
+from rllib_spear.cluster.resource_check import check_resources, learner_cpus, resource_demands
 
 
 def _issue_example():

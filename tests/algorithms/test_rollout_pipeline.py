@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rllib_spear import GRPOConfig, SPEARConfig
-from rllib_spear.algorithms.grpo.pipeline import SAMPLE_TAG, OneStepOffPipeline
+from rllib_spear.pipelines.one_step_off import SAMPLE_TAG, OneStepOffPipeline
 from rllib_spear.recipe import TaskSampler
 
 

@@ -20,10 +20,10 @@ STAGES = ("imports", "logprobs", "fsdp_1p5b", "fsdp_offload", "fsdp_7b_cut", "we
 #: builder, sharding, planner, weight-sync sender, HF engine (and what they import).
 RAY_FREE = (
     "rllib_spear", "rllib_spear.registration", "rllib_spear.algorithms.grpo",
-    "rllib_spear.algorithms.grpo.update_core", "rllib_spear.algorithms.grpo.microbatching",
-    "rllib_spear.algorithms.grpo.learner_optim", "rllib_spear.models.hf_policy", "rllib_spear.models.logprobs",
+    "rllib_spear.learner", "rllib_spear.learner.core", "rllib_spear.learner.microbatching",
+    "rllib_spear.learner.optim", "rllib_spear.learner.module_layout", "rllib_spear.models.hf_policy", "rllib_spear.models.logprobs",
     "rllib_spear.models.sharding", "rllib_spear.models.shapes", "rllib_spear.models.tokenizer",
-    "rllib_spear.models.factory", "rllib_spear.planner", "rllib_spear.planning.learner", "rllib_spear.core.losses",
+    "rllib_spear.models.factory", "rllib_spear.planning", "rllib_spear.planning.learner", "rllib_spear.core.losses",
     "rllib_spear.recipe.batching", "rllib_spear.weight_streaming.buckets", "rllib_spear.env_runners.engines.hf_engine",
 )
 
@@ -68,7 +68,7 @@ def test_the_blocker_blocks():
     would catch a Ray import in a Ray-free module)."""
     res = _python("""
         try:
-            import rllib_spear.algorithms.grpo.learner
+            import rllib_spear.learner.rllib_learner
         except ModuleNotFoundError as e:
             print("blocked", e.name.split(".")[0])  # "ray.rllib": 'ray' is not a package
     """)

@@ -106,7 +106,7 @@ def test_a_runner_bigger_than_the_cluster_is_refused_before_tune_starts(tmp_path
 
 def test_placement_group_check_names_gpus_and_passes_what_fits():
     from rllib_spear import SPEARConfig
-    from rllib_spear.algorithms.grpo.resource_check import check_placement_group
+    from rllib_spear.cluster.resource_check import check_placement_group
 
     gpu = SPEARConfig().env_runners(num_env_runners=1, num_gpus_per_env_runner=1)
     why = check_placement_group(gpu, gpu.algo_class.default_resource_request(gpu).bundles, {"CPU": 2.0})

@@ -25,7 +25,9 @@ def _env_names() -> list[str]:
         from rllib_spear.envs import ENV_NAMES as names
     else:
         names = env_names()
-    return sorted(n for n in names if n != "multi_answer")  # an alias of multi_answer_search
+    # multi_answer: an alias of multi_answer_search; agent_program: no text steps, its contract is the
+    # agent_program rollout mode's (tests/contracts/test_pipeline_contracts.py, tests/serving/)
+    return sorted(n for n in names if n not in ("multi_answer", "agent_program"))
 
 
 def _recipe_config():

@@ -6,7 +6,7 @@ synthetic rewards (so a finite step moves the weights) and, on iterations 1, 3 a
 behaviour log-probs of the first trajectory NaN: one learner's rows, whose loss and gradient are
 then NaN (under DDP and FSDP the other rank's own rows are finite). Through the PPO ratio's clamp
 the NaN rows get a zero gradient: the loss alone is NaN, on one rank, and only the all-reduced
-flag of ``update_core.step_or_skip`` makes the other ranks skip. With truncated IS
+flag of ``UpdateCore.step_or_skip`` (learner/core.py) makes the other ranks skip. With truncated IS
 (``tis_cap``, the "fsdp2_tis" case) the NaN enters the detached IS weight, and the gradients
 (reduce-scattered into every rank's shards) are NaN too. Shown for each layout:
 
@@ -70,7 +70,7 @@ def _rank_states(algo) -> list[tuple[dict, list]]:
 
         weights = {k: local(v) for k, v in learner.module["default_policy"].state_dict().items()}
         optim = [{k: local(v) for k, v in s.items() if isinstance(v, torch.Tensor)}
-                 for o in learner._optimizers() for s in o.state.values()]
+                 for o in learner.all_optimizers() for s in o.state.values()]
         return weights, optim
 
     return [r.get() for r in algo.learner_group.foreach_learner(own).result_or_errors]

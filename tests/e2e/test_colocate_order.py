@@ -70,7 +70,7 @@ def _order(events):
 
 def test_colocated_iteration_sleeps_trains_wakes_syncs_wakes(ray_session, tiny_model, monkeypatch):
     from rllib_spear import GRPOConfig
-    from rllib_spear.algorithms.grpo import colocation
+    from rllib_spear.pipelines import colocation
 
     cfg = (small_config(GRPOConfig, tiny_model)
            .env_runners(num_env_runners=1, num_cpus_per_env_runner=0.5)

@@ -24,19 +24,19 @@ def test_offloaded_fsdp_learner_with_a_bf16_reference_trains(ray_session, tiny_m
         import torch
         from torch.distributed.tensor import DTensor
 
-        from rllib_spear.algorithms.grpo.learner_optim import adamw_implementation
+        from rllib_spear.learner.optim import adamw_implementation
 
         def local(p):
             return p.to_local() if isinstance(p, DTensor) else p
 
-        ref = learner._ref_model
+        ref = learner.layout.reference
         policy = [p for mid in learner.module.keys() for p in learner.module[mid].parameters()]
         return {
             "ref_dtypes": sorted({str(local(p).dtype) for p in ref.parameters()}),
             "ref_sharded": all(isinstance(p, DTensor) for p in ref.parameters()),
             "policy_dtypes": sorted({str(local(p).dtype) for p in policy}),
             "policy_devices": sorted({local(p).device.type for p in policy}),
-            "adamw": sorted({adamw_implementation(o) for o in learner._optimizers()}),
+            "adamw": sorted({adamw_implementation(o) for o in learner.all_optimizers()}),
             "threads": torch.get_num_threads(),
         }
 

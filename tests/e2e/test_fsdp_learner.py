@@ -46,7 +46,7 @@ def _config(tiny_model, num_learners, *, sharding="ddp", mixed_precision=None, l
 
 def _weights(algo) -> dict[str, torch.Tensor]:
     """The learners' inference weights (gathered from the shards under FSDP)."""
-    results = algo.learner_group.foreach_learner(lambda learner: learner.engine_state())
+    results = algo.learner_group.foreach_learner(lambda learner: learner.weight_senders.weights.state())
     states = [r.get() for r in results.result_or_errors]
     state = next(s for s in states if s is not None)
     (mod,) = state["rl_module"].values()

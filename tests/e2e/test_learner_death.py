@@ -7,7 +7,7 @@ import pytest
 
 import rllib_spear  # noqa: F401  (registers the algorithms)
 from rllib_spear import SPEARConfig
-from rllib_spear.algorithms.grpo.learner_failure import LearnerRankDied, dead_learner_ranks
+from rllib_spear.learner.failure import LearnerRankDied, dead_learner_ranks
 
 from e2e_helpers import small_config
 

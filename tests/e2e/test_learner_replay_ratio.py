@@ -12,7 +12,7 @@ from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from e2e_helpers import small_config
 from rllib_spear import SPEARConfig
-from rllib_spear.algorithms.grpo import learner as learner_mod
+from rllib_spear.learner import loss as loss_mod
 from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
 from rllib_spear.core.trajectory import Segment, Trajectory
 
@@ -29,14 +29,14 @@ def learner_and_calls(ray_session, tiny_model, monkeypatch):
            .env_runners(num_env_runners=0))
     algo = cfg.build_algo()
     calls = []
-    original = learner_mod.policy_loss
+    original = loss_mod.policy_loss
 
     def recording(logp_new, old, adv, mask, **kw):
         calls.append({"logp": logp_new.detach().clone(), "old": old.detach().clone(), "mask": mask.clone(),
                       "engine": None if kw.get("engine_logp") is None else kw["engine_logp"].clone()})
         return original(logp_new, old, adv, mask, **kw)
 
-    monkeypatch.setattr(learner_mod, "policy_loss", recording)
+    monkeypatch.setattr(loss_mod, "policy_loss", recording)
     yield algo, calls
     algo.stop()
 

@@ -9,7 +9,7 @@ from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_spear import GRPOConfig
-from rllib_spear.algorithms.grpo.learner_state import LEARNER_STATE_KEY, seeded_generator
+from rllib_spear.learner.state import LEARNER_STATE_KEY, seeded_generator
 from rllib_spear.core.trajectory import Segment, Trajectory
 from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
 
@@ -39,7 +39,7 @@ def _rank_states(group) -> dict[int, dict]:
     def own(learner):
         import torch.distributed as dist
 
-        return dist.get_rank(), {k: v.clone() for k, v in learner._rng_state().items()}
+        return dist.get_rank(), {k: v.clone() for k, v in learner.streams.state().items()}
 
     res = group.foreach_learner(own)
     return dict(r.get() for r in res.result_or_errors)

@@ -1,5 +1,5 @@
 """A config whose actors the Ray cluster can never hold fails at once, naming the knobs, instead
-of waiting forever (algorithms/grpo/resource_check.py, docs/design.md "Fault tolerance"); one
+of waiting forever (cluster/resource_check.py, docs/design.md "Fault tolerance"); one
 that fits is not refused. On the session's Ray instance of 2 CPUs (conftest.py)."""
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def _check_restored(algo, version: int, weights: dict, optimizer: dict | None) -
     if optimizer is not None:
         assert _same(_flat(_learner_state(algo, COMPONENT_OPTIMIZER)), optimizer), "the checkpoint's optimizer state"
     learner_version = next(r.get() for r in algo.learner_group.foreach_learner(
-        lambda learner: learner.weights_version()).result_or_errors)
+        lambda learner: learner.weight_senders.weights.version()).result_or_errors)
     assert learner_version == version, "the learner's weights version is the checkpoint's"
     want = hf_state_dict_from_module_state(weights)
     for runner_version, engine in _runner_engines(algo):

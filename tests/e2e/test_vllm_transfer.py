@@ -37,7 +37,7 @@ def _build(cfg):
 
 
 def _engine_scores(runner):
-    return runner.weights_version, runner.engine.version, runner.weight_transfer_group_id(), \
+    return runner.weights_version, runner.engine.version, runner.weight_receivers.of("vllm").group_id(), \
         runner.engine.score([SEQ])[0]
 
 
@@ -57,7 +57,7 @@ def _learner_scores(state_dict, model_path, dtype="float32"):
 
 def _gathered(algo):
     return next(s for s in (r.get() for r in algo.learner_group.foreach_learner(
-        lambda l: l.engine_state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
+        lambda l: l.weight_senders.weights.state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
 
 
 def _max_gap(a, b):
@@ -80,7 +80,7 @@ def test_default_transport_trains_two_runners_through_vllm_weight_transfer(ray_s
         for it in range(2):
             algo.train()
             want = _learner_scores(_gathered(algo), tiny_model)
-            v = algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors[0].get()
+            v = algo.learner_group.foreach_learner(lambda l: l.weight_senders.weights.version()).result_or_errors[0].get()
             got = algo.env_runner_group.foreach_env_runner(_engine_scores, local_env_runner=False)
             assert len(got) == 2
             for runner_version, engine_version, gid, scores in got:
@@ -114,7 +114,7 @@ def test_fsdp_learners_send_gathered_weights_in_the_engine_dtype(ray_session, ti
         want = _gathered(algo)
         fp32_bytes = sum(v.numel() * v.element_size() for v in want.values())
         sent = next(b for b in (r.get() for r in algo.learner_group.foreach_learner(
-            lambda l: l.vllm_transfer_sent_bytes()).result_or_errors) if b is not None)
+            lambda l: l.weight_senders.of("vllm").sent_bytes()).result_or_errors) if b is not None)
         # bf16 payload: half the fp32 bytes (plus at most 15 bytes of alignment per tensor)
         assert fp32_bytes / 2 <= sent <= fp32_bytes / 2 + 16 * len(want)
 
@@ -126,7 +126,7 @@ def test_fsdp_learners_send_gathered_weights_in_the_engine_dtype(ray_session, ti
             return runner.weights_version, runner.engine.llm.collective_rpc(read)[0]
 
         (version, got), = algo.env_runner_group.foreach_env_runner(engine_state, local_env_runner=False)
-        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weight_senders.weights.version()).result_or_errors)
         assert version == v
         # vLLM fuses q/k/v and gate/up; the unfused tensors (norms, embedding) compare directly
         emb = "model.embed_tokens.weight"
@@ -150,7 +150,7 @@ def test_restarted_runner_rejoins_a_new_transfer_group(ray_session, tiny_model):
     try:
         algo.train()
         group = algo.env_runner_group
-        (gid,) = group.foreach_env_runner(lambda r: r.weight_transfer_group_id(), local_env_runner=False)
+        (gid,) = group.foreach_env_runner(lambda r: r.weight_receivers.of("vllm").group_id(), local_env_runner=False)
         assert gid
         (_, old_actor), = group._worker_manager.actors().items()
         ray_session.kill(old_actor, no_restart=False)
@@ -160,7 +160,7 @@ def test_restarted_runner_rejoins_a_new_transfer_group(ray_session, tiny_model):
                 break
         algo.train()
         want = _learner_scores(_gathered(algo), tiny_model)
-        v = algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors[0].get()
+        v = algo.learner_group.foreach_learner(lambda l: l.weight_senders.weights.version()).result_or_errors[0].get()
         (runner_version, engine_version, new_gid, scores), = group.foreach_env_runner(
             _engine_scores, local_env_runner=False)
         assert runner_version == engine_version == v

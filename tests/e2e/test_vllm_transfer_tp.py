@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""
         try:
             algo.train()
             sd = next(s for s in (r.get() for r in algo.learner_group.foreach_learner(
-                lambda l: l.engine_state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
+                lambda l: l.weight_senders.weights.state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
             ref = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
             ref.load_state_dict(sd, strict=False)
             ref.tie_weights()
@@ -56,7 +56,7 @@ SCRIPT = textwrap.dedent("""
                 return (runner.weights_version, e.world_size, e.rpc_pickles_args, e.score([seq])[0])
 
             (version, world, pickles, got), = algo.env_runner_group.foreach_env_runner(probe, local_env_runner=False)
-            v = algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors[0].get()
+            v = algo.learner_group.foreach_learner(lambda l: l.weight_senders.weights.version()).result_or_errors[0].get()
             out.update(version=version, learner_version=v, world_size=world, pickles=pickles,
                        max_gap=max(abs(a - b) for a, b in zip(got[1:], want[1:])))
         finally:

@@ -28,8 +28,9 @@ def _perturb(learner, seed=0):
     with torch.no_grad():
         for p in learner.module["default_policy"].unwrapped().model.parameters():
             p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.01)
-    learner.set_state({WEIGHTS_SEQ_NO: learner.weights_version() + 1})
-    return learner.weights_version()
+    weights = learner.weight_senders.weights
+    learner.set_state({WEIGHTS_SEQ_NO: weights.version() + 1})
+    return weights.version()
 
 
 def _engine_weights(runner):
@@ -38,10 +39,14 @@ def _engine_weights(runner):
     return {k: v.detach().clone() for k, v in sd.items() if k != "lm_head.weight"}, eng.version, runner.weights_version
 
 
-def _learner_weights(algo):
-    from rllib_spear.algorithms.grpo.weight_sync import _learner_weights
+def _version(algo):
+    return next(r.get() for r in algo.learner_group.foreach_learner(
+        lambda l: l.weight_senders.weights.version()).result_or_errors)
 
-    return _learner_weights(algo.learner_group, "ddp")["rl_module"]["default_policy"]
+
+def _learner_weights(algo):
+    return next(s for s in (r.get() for r in algo.learner_group.foreach_learner(
+        lambda l: l.weight_senders.weights.state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
 
 
 def _assert_runners_match(algo, expected_version):
@@ -58,9 +63,19 @@ def _assert_runners_match(algo, expected_version):
 
 
 def _sync(algo, transport):
-    from rllib_spear.algorithms.grpo.weight_sync import sync_weights
+    """A sync through ``transport``: the algorithm's own weight sync when it is the configured one,
+    else one kept per transport (so that a transport keeps its group between syncs, as in a run)."""
+    from rllib_spear.weight_streaming import WeightSync
 
-    return sync_weights(algo.learner_group, algo.env_runner_group, "ddp", transport=transport, bucket_mb=BUCKET_MB)
+    if algo.weight_sync.transport == transport:
+        return algo.weight_sync(algo.learner_group, algo.env_runner_group)
+    syncs = algo.__dict__.setdefault("_test_weight_syncs", {})
+    sync = syncs.setdefault(transport, WeightSync(transport, bucket_mb=BUCKET_MB))
+    return sync(algo.learner_group, algo.env_runner_group)
+
+
+def _group_id(runner):
+    return runner.weight_receivers.of("collective").group_id()
 
 
 def _build(tiny_model, transport, runners=2, engine="hf"):
@@ -77,7 +92,7 @@ def test_every_transport_gives_the_engines_the_learner_weights(ray_session, tiny
     algo = _build(tiny_model, "object_store")
     try:
         algo.train()  # a training step, then the configured (object-store) sync
-        v = algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors[0].get()
+        v = _version(algo)
         assert v >= 1
         _assert_runners_match(algo, v)
         for i, transport in enumerate(["object_store", "collective", "shared_memory", "driver", "collective",
@@ -90,19 +105,21 @@ def test_every_transport_gives_the_engines_the_learner_weights(ray_session, tiny
 
 
 def test_dropped_bucket_fails_the_version_check(ray_session, tiny_model):
-    from rllib_spear.algorithms.grpo.weight_sync import (check_versions, release_learner_buckets, send_bucket,
-                                                         stream_learner_buckets)
+    from rllib_spear.weight_streaming import Placement, SyncSettings, check_versions
+    from rllib_spear.weight_streaming.transports.object_store import ObjectStoreTransport
 
     algo = _build(tiny_model, "object_store", runners=1)
     try:
+        transport = ObjectStoreTransport(SyncSettings(bucket_bytes=int(BUCKET_MB * 2**20)))
+        placement = Placement(algo.learner_group, algo.env_runner_group)
         v = algo.learner_group.foreach_learner(_perturb).result_or_errors[0].get()
         sent = []
-        for version, meta, ref, last in stream_learner_buckets(algo.learner_group, int(BUCKET_MB * 2**20)):
+        for version, meta, ref, last in transport.stream(placement):
             assert version == v
             if meta.index != 2:  # bucket 2 never reaches the runner
-                versions = send_bucket(algo.env_runner_group, version, meta, ref, last)
+                versions = transport.send(placement, version, meta, ref, last)
             sent.append(meta.index)
-        release_learner_buckets(algo.learner_group)
+        transport.release(placement)
         assert len(sent) > 3 and sent == list(range(len(sent)))
         assert versions == [0]  # applied N-1 buckets: the old version
         with pytest.raises(RuntimeError, match="expected"):
@@ -112,9 +129,9 @@ def test_dropped_bucket_fails_the_version_check(ray_session, tiny_model):
         # an abandoned stream (the driver stopped after bucket 0) leaves the runner usable: the
         # next sample closes it, the version stays, and the next complete sync applies
         v2 = algo.learner_group.foreach_learner(lambda l: _perturb(l, 1)).result_or_errors[0].get()
-        version, meta, ref, last = next(stream_learner_buckets(algo.learner_group, int(BUCKET_MB * 2**20)))
-        assert send_bucket(algo.env_runner_group, version, meta, ref, last) == [None]
-        release_learner_buckets(algo.learner_group)
+        version, meta, ref, last = next(transport.stream(placement))
+        assert transport.send(placement, version, meta, ref, last) == [None]
+        transport.release(placement)
         trajs, _ = algo.sample(algo.task_sampler.next(1))
         assert trajs and {t.policy_version for t in trajs} == {v}
         assert _sync(algo, "object_store") == v2
@@ -138,9 +155,8 @@ def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model, engine_dtyp
     algo = cfg.build_algo()
     try:
         algo.train()  # an update, then the streamed sync (the version check passes)
-        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
-        want = next(s for s in (r.get() for r in algo.learner_group.foreach_learner(
-            lambda l: l.engine_state()).result_or_errors) if s is not None)["rl_module"]["default_policy"]
+        v = _version(algo)
+        want = _learner_weights(algo)
         (got,) = algo.env_runner_group.foreach_env_runner(_engine_weights, local_env_runner=False)
         sd, eng_version, runner_version = got
         assert v >= 1 and eng_version == runner_version == v
@@ -150,7 +166,7 @@ def test_fsdp_ranks_stream_the_same_buckets(ray_session, tiny_model, engine_dtyp
         assert {t.dtype for t in sd.values()} == {getattr(torch, engine_dtype)}
         assert all(torch.equal(sd[k], want[k].to(sd[k].dtype)) for k in want)
         put = next(b for b in (r.get() for r in algo.learner_group.foreach_learner(
-            lambda l: l.engine_stream_bytes()).result_or_errors) if b is not None)
+            lambda l: l.weight_senders.of("object_store").sent_bytes()).result_or_errors) if b is not None)
         fp32_bytes = sum(t.numel() * t.element_size() for t in want.values())
         assert put * (2 if engine_dtype == "bfloat16" else 1) == fp32_bytes
     finally:
@@ -179,7 +195,7 @@ def test_shared_memory_trains_with_ddp_learners_and_reshares_for_a_restarted_run
     try:
         for _ in range(2):
             algo.train()
-            v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+            v = _version(algo)
             _assert_runners_match(algo, v)
             assert _shm_names() == before
         group = algo.env_runner_group
@@ -190,7 +206,7 @@ def test_shared_memory_trains_with_ddp_learners_and_reshares_for_a_restarted_run
             if group.num_healthy_remote_workers() == 1:
                 break
         algo.train()
-        v = next(r.get() for r in algo.learner_group.foreach_learner(lambda l: l.weights_version()).result_or_errors)
+        v = _version(algo)
         _assert_runners_match(algo, v)
         assert _shm_names() == before
     finally:
@@ -201,7 +217,7 @@ def test_restarted_runner_joins_a_new_weight_group(ray_session, tiny_model):
     algo = _build(tiny_model, "collective", runners=1)
     try:
         group = algo.env_runner_group
-        (gid,) = group.foreach_env_runner(lambda r: r.weight_group_id(), local_env_runner=False)
+        (gid,) = group.foreach_env_runner(_group_id, local_env_runner=False)
         assert gid
         (old_id, old_actor), = group._worker_manager.actors().items()
         ray_session.kill(old_actor, no_restart=False)
@@ -213,7 +229,7 @@ def test_restarted_runner_joins_a_new_weight_group(ray_session, tiny_model):
         algo.train()
         v = algo.learner_group.foreach_learner(_perturb).result_or_errors[0].get()
         assert _sync(algo, "collective") == v
-        (new_gid,) = group.foreach_env_runner(lambda r: r.weight_group_id(), local_env_runner=False)
+        (new_gid,) = group.foreach_env_runner(_group_id, local_env_runner=False)
         assert new_gid and new_gid != gid
         _assert_runners_match(algo, v)
     finally:

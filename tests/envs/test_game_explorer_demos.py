@@ -6,7 +6,7 @@ import pytest
 
 import rllib_spear.envs.text_game as text_game
 from rllib_spear.envs import load_tasks, make_env, scripted_demonstrations
-from rllib_spear.envs.text_game import GameSpec
+from rllib_spear.data.text_game_worlds import GameSpec
 
 
 def _actions(conv: list[dict]) -> list[str]:

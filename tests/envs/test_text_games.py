@@ -1,7 +1,8 @@
 import pytest
 
 from rllib_spear.envs import load_tasks, make_env
-from rllib_spear.envs.text_game import TextGameGym, generate_game, solve_game
+from rllib_spear.data.text_game_worlds import generate_game
+from rllib_spear.envs.text_game import TextGameGym, solve_game
 
 
 def test_generated_games_are_solvable_and_deterministic():

@@ -30,8 +30,8 @@ import types
 import pytest
 import torch
 
-from rllib_spear.algorithms.grpo.learner_optim import adamw_implementation, build_adamw
-from rllib_spear.algorithms.grpo.learner_setup import ModuleLayoutMixin, reference_model
+from rllib_spear.learner.module_layout import ModuleLayout, reference_model
+from rllib_spear.learner.optim import adamw_implementation, build_adamw
 from rllib_spear.models import sharding
 from rllib_spear.models.threads import learner_torch_threads
 
@@ -86,12 +86,10 @@ def _train(lm, opt, ids, mask, weights) -> list[float]:
     return norms
 
 
-class _Learner(ModuleLayoutMixin):
-    """The module-layout half of a GRPO learner (learner_setup), without RLlib's TorchLearner."""
-
-    def __init__(self, mixed_precision: str | None):
-        self.config = types.SimpleNamespace(sharding="fsdp", cpu_offload=True, mixed_precision=mixed_precision)
-        self.device = torch.device("cpu")
+def _layout(mixed_precision: str | None) -> ModuleLayout:
+    """The module layout a sharded, offloading GRPO learner holds (learner/module_layout.py)."""
+    return ModuleLayout(types.SimpleNamespace(sharding="fsdp", cpu_offload=True, mixed_precision=mixed_precision),
+                        torch.device("cpu"))
 
 
 def _rank(rank: int, port: int, model_path: str, out_dir: str) -> None:
@@ -112,13 +110,13 @@ def _rank(rank: int, port: int, model_path: str, out_dir: str) -> None:
     out: dict = {}
     try:
         out["default_backend"] = dist.get_backend_config()
-        learner = _Learner(None)
-        mesh = learner._sharding_mesh()
+        learner = _layout(None)
+        mesh = learner.mesh()
         out["mesh_backend"] = dist.get_backend_config(mesh.get_group())
-        out["mesh_once"] = learner._sharding_mesh() is mesh
+        out["mesh_once"] = learner.mesh() is mesh
         lm = AutoModelForCausalLM.from_pretrained(model_path)
         ids, mask, weights = _batch(lm.config.vocab_size)
-        learner._shard_from_rank0(lm)  # the learner's own sharding call
+        learner.shard_from_rank0(lm)  # the learner's own sharding call
         out["sharded"] = sharding.is_sharded(lm)
         out["on_mesh"] = all(p.device_mesh is mesh for p in lm.parameters())
         opt = build_adamw([p for p in lm.parameters() if p.requires_grad], lr=LR, betas=BETAS,
@@ -145,9 +143,9 @@ def _rank(rank: int, port: int, model_path: str, out_dir: str) -> None:
         # the reference model: bf16-held vs float32-held, both under FSDP's bf16 policy
         base = AutoModelForCausalLM.from_pretrained(model_path)
         ref16, ref32 = reference_model(base, "bf16"), reference_model(base, None)
-        bf16_learner = _Learner("bf16")
+        bf16_learner = _layout("bf16")
         for ref in (ref16, ref32):
-            bf16_learner._shard_from_rank0(ref)
+            bf16_learner.shard_from_rank0(ref)
         out["ref_dtypes"] = sorted({str(p.to_local().dtype) for p in ref16.parameters()})
         with torch.no_grad():
             a = token_logprobs(ref16, ids, mask).float()
@@ -280,11 +278,11 @@ def test_learner_threads_honour_num_cpus_per_learner():
     """What the learner's module setup runs: one thread (Ray's OMP_NUM_THREADS=1, or a cluster's)
     becomes the learner's reserved CPUs."""
     before = torch.get_num_threads()
-    learner = types.SimpleNamespace(config=types.SimpleNamespace(
-        torch_num_threads=None, num_cpus_per_learner=2, num_learners=2))
+    layout = ModuleLayout(types.SimpleNamespace(torch_num_threads=None, num_cpus_per_learner=2, num_learners=2),
+                          None)
     try:
         torch.set_num_threads(1)
-        assert ModuleLayoutMixin._apply_learner_threads(learner) == 2
+        assert layout.apply_threads() == 2
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from rllib_spear.algorithms.grpo.rollouts import whole_groups
+from rllib_spear.pipelines.runner_requests import whole_groups
 from rllib_spear.core.trajectory import Segment, Trajectory
 from rllib_spear.recipe import TaskSampler
 

@@ -24,7 +24,7 @@ def test_defaults_keep_the_turn_synchronous_loop():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"rollout_mode": "fast"}, "`rollout_mode` must be 'turn_sync' or 'async'"),
+    ({"rollout_mode": "fast"}, "`rollout_mode` must be 'turn_sync'(,| or) 'async'"),  # the registered names
     ({"tool_concurrency": 0}, "`tool_concurrency` must be an integer >= 1"),
     ({"tool_concurrency": 2.5}, "`tool_concurrency` must be an integer >= 1"),
     ({"tool_timeout_s": 0}, "`tool_timeout_s` must be a number of seconds > 0"),

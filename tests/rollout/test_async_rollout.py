@@ -14,9 +14,10 @@ import torch
 from transformers import AutoTokenizer
 
 from agent_loop_stubs import ConcurrencyEnv, PromptFnEngine, ScriptEnv, StuckEnv, new_counter
-from rllib_spear.env_runners.async_rollout import AsyncMultiTurnRollout, make_rollout, request_seed, timeout_observation
+from rllib_spear.env_runners.async_rollout import AsyncMultiTurnRollout, request_seed, timeout_observation
 from rllib_spear.env_runners.engines.base import GenerationOutput, SamplingConfig
 from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig
+from rllib_spear.env_runners.rollout_modes import make_rollout
 from rllib_spear.models.factory import tiny_model_path
 
 
@@ -256,7 +257,7 @@ def test_bad_loop_arguments_name_the_knob(tok):
                      ({"tool_timeout_s": 0}, "tool_timeout_s"), ({"tool_timeout_s": -1.0}, "tool_timeout_s")]:
         with pytest.raises(ValueError, match=name):
             AsyncMultiTurnRollout(eng, tok, ScriptEnv, SamplingConfig(), _config(), **kw)
-    with pytest.raises(ValueError, match="rollout_mode"):
+    with pytest.raises(ValueError, match="unknown rollout mode 'fast'"):
         make_rollout("fast", engine=eng, tokenizer=tok, env_factory=ScriptEnv, sampling=SamplingConfig())
     assert type(make_rollout("turn_sync", engine=eng, tokenizer=tok, env_factory=ScriptEnv,
                              sampling=SamplingConfig())) is MultiTurnRollout

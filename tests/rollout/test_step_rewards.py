@@ -8,10 +8,11 @@ from typing import Mapping, Sequence
 import pytest
 from transformers import AutoTokenizer
 
+from rllib_spear.data.text_game_worlds import generate_game
 from rllib_spear.env_runners.engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from rllib_spear.env_runners.rollout import MultiTurnRollout, RolloutConfig, step_rewards_from_env
 from rllib_spear.envs import load_tasks, make_env
-from rllib_spear.envs.text_game import generate_game, solve_game
+from rllib_spear.envs.text_game import solve_game
 from rllib_spear.models.factory import tiny_model_path
 
 

@@ -352,17 +352,17 @@ def test_learner_stream_equals_its_inference_state(lora):
                 if "lora_B" in n:
                     p.fill_(0.01)
     want = rlm.get_state(inference_only=True)
-    got = list(learner.iter_engine_weights())
+    got = list(learner.weight_senders.weights.iter())
     assert [k for k, _ in got] == list(want)
     assert "lm_head.weight" not in dict(got)
     assert all(torch.equal(v, want[k]) for k, v in got)
-    assert learner.weights_version() == 0
+    assert learner.weight_senders.weights.version() == 0
     packed = dict(kv for b in iter_buckets(iter(got), 2**16) for kv in unpack_bucket(b.meta, b.buffers))
     assert all(torch.equal(packed[k], want[k]) for k in want)
 
 
 def test_wire_dtype_narrows_floating_tensors_only():
-    from rllib_spear.algorithms.grpo.learner_state import wire_dtype_of
+    from rllib_spear.weight_streaming import wire_dtype_of
 
     assert wire_dtype_of(torch.float32, torch.bfloat16) == torch.bfloat16  # fp32 masters -> bf16 engine
     assert wire_dtype_of(torch.float32, torch.float16) == torch.float16
@@ -374,7 +374,7 @@ def test_wire_dtype_narrows_floating_tensors_only():
 
 @pytest.mark.parametrize("lora", [None, {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}])
 def test_learner_stream_in_the_engine_dtype(lora):
-    """``iter_engine_weights(engine_dtype=bf16)``: every fp32 tensor arrives as exactly its bf16
+    """``LearnerWeights.iter(engine_dtype=bf16)``: every fp32 tensor arrives as exactly its bf16
     cast (what the engine's own copy would give), half the bytes; a wider engine dtype changes
     nothing (no copy)."""
     from rllib_spear import GRPOConfig
@@ -385,8 +385,8 @@ def test_learner_stream_in_the_engine_dtype(lora):
     mc = {"model_path": tiny_model_path(), **({"lora": lora} if lora else {})}
     learner = GRPOConfig().rl_module(model_config=mc).build_learner(
         spaces={"default_policy": spaces, "__env__": spaces})
-    want = dict(learner.iter_engine_weights())
-    got = list(learner.iter_engine_weights(engine_dtype=torch.bfloat16))
+    want = dict(learner.weight_senders.weights.iter())
+    got = list(learner.weight_senders.weights.iter(engine_dtype=torch.bfloat16))
     assert [k for k, _ in got] == list(want)
     for k, v in got:
         assert v.dtype == torch.bfloat16 and want[k].dtype == torch.float32
@@ -394,7 +394,7 @@ def test_learner_stream_in_the_engine_dtype(lora):
     fp32 = sum(v.numel() * v.element_size() for v in want.values())
     assert sum(b.meta.nbytes for b in iter_buckets(iter(got), 2**16)) * 2 == fp32
     if lora is None:  # the unmerged tensors themselves, uncopied
-        wide = dict(learner.iter_engine_weights(engine_dtype=torch.float64))
+        wide = dict(learner.weight_senders.weights.iter(engine_dtype=torch.float64))
         assert all(wide[k].data_ptr() == want[k].data_ptr() for k in want)
 
 

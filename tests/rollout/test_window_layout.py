@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from agent_loop_stubs import ScriptEnv
 from rllib_spear.core.step_samples import sample_lengths, step_samples
-from rllib_spear.env_runners.async_rollout import make_rollout
+from rllib_spear.env_runners.rollout_modes import make_rollout
 from rllib_spear.env_runners.engines.base import GenerationEngine, GenerationOutput, SamplingConfig
 from rllib_spear.env_runners.rollout import MultiTurnRollout, ObservationTemplate, RolloutConfig
 from rllib_spear.envs.base import supports_step_prompt
@@ -263,16 +263,16 @@ def test_config_validate_names_the_layout_knob(env, kw, match):
 def test_the_planner_plans_a_window_run_by_its_sample_length():
     from pathlib import Path
 
-    from rllib_spear import planner
+    from rllib_spear import planning
     from rllib_spear.cli import build_config, load_experiment
 
     recipe = Path(__file__).resolve().parents[2] / "configs" / "spear_qwen2.5_1.5b_text_game.yaml"
     cfg = build_config(load_experiment(str(recipe)))
     assert (cfg.step_context, cfg.history_steps, cfg.max_prompt_tokens) == ("window", 2, 2048)
-    assert planner.learner_sequence_length(cfg) == 2048 + 512
-    p = planner.plan(cfg)
+    assert planning.learner_sequence_length(cfg) == 2048 + 512
+    p = planning.plan(cfg)
     assert p.max_model_len == 2560 and any("one sample per step" in n for n in p.notes)
     cfg.max_prompt_tokens = 1024  # a smaller prompt budget: shorter learner rows
-    assert planner.learner_sequence_length(cfg) == 1536 and planner.plan(cfg).max_model_len == 1536
+    assert planning.learner_sequence_length(cfg) == 1536 and planning.plan(cfg).max_model_len == 1536
     cfg.step_context, cfg.max_prompt_tokens, cfg.max_model_len = "full", None, 32768
-    assert planner.learner_sequence_length(cfg) == 32768  # the full layout: one episode
+    assert planning.learner_sequence_length(cfg) == 32768  # the full layout: one episode

@@ -1,9 +1,8 @@
-"""GRPO and Dr.BoT baselines: the shared config, algorithm and learner.
+"""GRPO and Dr.BoT baselines: the shared config and algorithm (the learner: ``rllib_spear.learner``).
 
 Imports are lazy (module ``__getattr__``): ``GRPOConfig``, ``GRPO``, ``DrBoTConfig`` and ``DrBoT``
-load RLlib on first use, while the RLlib-free modules of the learner -- ``update_core`` (the
-update loop, the loss and the optimizer step), ``microbatching`` and ``learner_optim`` -- import
-without Ray (benchmarks/gpu_learner_check.py runs them on a machine that has no Ray).
+load RLlib on first use, so that importing the package needs no Ray (benchmarks/gpu_learner_check.py
+runs on a machine that has no Ray).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 import numpy as np
-from ray.rllib.algorithms.algorithm_config import AlgorithmConfig, NotProvided
+from ray.rllib.algorithms.algorithm_config import NotProvided
 from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 from ray.util import log_once
 
@@ -20,8 +20,10 @@ from ...env_runners.placement import resolve_colocation, resolve_runner_gpus
 from ...models.threads import check_engine_threads
 from ...recipe import DRBOT_FILTERS
 from ...recipe.checks import check_recipe
+from ...rllib_private import AlgorithmConfigAdapter, config_value_error
 from .defaults import (  # noqa: F401  (re-exported: the tables are part of the config's API)
-    COLOCATE_DEFAULTS, EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, EVALUATION_DEFAULTS, GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS,
+    COLOCATE_DEFAULTS, DEBUGGING_DEFAULTS, EMBEDDED_MODEL, ENGINE_RESOURCE_DEFAULTS, EVALUATION_DEFAULTS,
+    GRPO_TRAINING_DEFAULTS, LEARNER_DEFAULTS,
     LOW_PRECISION_MASTER_EFFECT,
     MIXED_PRECISION, PLACEHOLDER_ACTION_SPACE, PLACEHOLDER_OBS_SPACE, SAMPLING_DEFAULTS, SHARDING_STRATEGIES,
     training_defaults,
@@ -30,8 +32,11 @@ from .config_paths import absolute_dataset, absolute_env_config, absolute_model_
 from .layout_checks import check_learner_layout
 
 
-class GRPOConfig(AlgorithmConfig):
+class GRPOConfig(AlgorithmConfigAdapter):
     """Config of GRPO on tool-using LLM agents (and the base of Dr.BoT/SPEAR/SPADER)."""
+
+    #: the RLModule scores under the temperature the engine samples with
+    MODEL_CONFIG_AUTO_INCLUDES = ("temperature",)
 
     def __init__(self, algo_class: type | None = None) -> None:
         if algo_class is None:
@@ -40,7 +45,8 @@ class GRPOConfig(AlgorithmConfig):
             algo_class = GRPO
         super().__init__(algo_class=algo_class)
         for k, v in {**training_defaults(), **SAMPLING_DEFAULTS, **LEARNER_DEFAULTS,
-                     **ENGINE_RESOURCE_DEFAULTS, **EVALUATION_DEFAULTS, **COLOCATE_DEFAULTS}.items():
+                     **ENGINE_RESOURCE_DEFAULTS, **EVALUATION_DEFAULTS, **COLOCATE_DEFAULTS,
+                     **DEBUGGING_DEFAULTS}.items():
             setattr(self, k, v if not isinstance(v, (dict, list)) else type(v)(v))
         # RLlib settings that fit this workload.
         from ...env_runners.llm_env_runner import LLMEnvRunner
@@ -62,7 +68,7 @@ class GRPOConfig(AlgorithmConfig):
         self.eval_dataset = None
         self.observation_space = PLACEHOLDER_OBS_SPACE
         self.action_space = PLACEHOLDER_ACTION_SPACE
-        self._model_config = {"model_path": EMBEDDED_MODEL, "dtype": "float32"}
+        self.rl_module(model_config={"model_path": EMBEDDED_MODEL, "dtype": "float32"})
         self.add_default_connectors_to_learner_pipeline = False
         # A failed runner is restarted at once (tests and short jobs cannot wait 60 s).
         self.delay_between_env_runner_restarts_s = 1.0
@@ -71,9 +77,9 @@ class GRPOConfig(AlgorithmConfig):
 
     def build_algo(self, *args: Any, **kwargs: Any):
         """RLlib's ``build_algo``, with Ray started lean first when it is not running yet
-        (``local_ray.init_ray``: no dashboard; one CPU slot for a run without runner / learner
-        actors)."""
-        from .local_ray import init_ray
+        (``cluster.local_ray.init_ray``: no dashboard; one CPU slot for a run without runner /
+        learner actors)."""
+        from ...cluster.local_ray import init_ray
 
         init_ray(self)
         return super().build_algo(*args, **kwargs)
@@ -83,7 +89,7 @@ class GRPOConfig(AlgorithmConfig):
         """RLlib's ``training()`` plus every knob of ``training_defaults()``: GRPO's, SIL's, and
         those of every registered recipe piece (estimators, reward shapers, filters). An unknown
         key is a TypeError naming it and the closest valid ones (``group_szie`` -> ``group_size``)."""
-        from ...config_keys import check_kwargs, explicit_params
+        from ...key_suggestions import check_kwargs, explicit_params
 
         keys = self.training_keys()
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in keys}
@@ -117,7 +123,10 @@ class GRPOConfig(AlgorithmConfig):
         loop"): rollout_mode ("turn_sync" | "async"), and for "async" tool_concurrency (env steps
         at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
         (docs/design.md "Fault tolerance"): step_timeout_s (one env step; tool_timeout_s is its
-        older async name) and generation_timeout_s (one engine call), None = no limit."""
+        older async name) and generation_timeout_s (one engine call), None = no limit; the OpenAI
+        endpoint (docs/design.md "The OpenAI endpoint"): serve_openai (True, or a dict of host, port,
+        model_name, tools; rollout_mode "agent_program" runs the episodes of an ``AgentProgramEnv``
+        against it)."""
         own = {k: kwargs.pop(k) for k in list(kwargs)
                if k in SAMPLING_DEFAULTS or k in ENGINE_RESOURCE_DEFAULTS}
         if kwargs.get("num_env_runners") == 0 and "create_local_env_runner" not in kwargs:
@@ -144,7 +153,8 @@ class GRPOConfig(AlgorithmConfig):
         * ``weight_sync_transport``: how the weights reach the engines (docs/design.md "Weight
           streaming"): None (default: "vllm" for vLLM engines, else "object_store"), "vllm"
           (vLLM's own weight-transfer API), "object_store", "shared_memory" (runners on the
-          learner's node read its CPU weights in place), "collective", "auto" or "driver";
+          learner's node read its CPU weights in place), "collective", "auto" or "driver", or
+          the name of your own (``rllib_spear.weight_streaming.register_transport``);
         * ``weight_transfer_backend``: transport "vllm" only: "auto" (default: "rllib_spear_gloo"
           for CPU learners, "ipc" when colocated, else "nccl"), "nccl", "ipc" or "rllib_spear_gloo";
         * ``weight_sync_bucket_mb``: the size bound of a weight bucket (> 0; default 256).
@@ -217,6 +227,32 @@ class GRPOConfig(AlgorithmConfig):
                 setattr(self, k, v)
         return self
 
+    def debugging(self, *, log_samples: Any = NotProvided, heartbeat_s: Any = NotProvided,
+                  print_summary: Any = NotProvided, **kwargs: Any) -> "GRPOConfig":
+        """RLlib's ``debugging()`` plus what a run shows while it trains:
+
+        * ``log_samples``: N sampled episodes of every iteration printed to stdout (the prompt's
+          tail, the response with its observations, the reward and whether the filters masked
+          it) and written to TensorBoard as text (tag ``samples``, in the run's logdir), as TRL
+          and verl log completions; 0 (default) = off (rllib_spear/sample_log.py);
+        * ``heartbeat_s``: a sampling call that runs longer prints
+          ``[rllib_spear] sampling (<runner>): <done>/<expected> episodes done, <t> s`` every
+          ``heartbeat_s`` seconds (default 30; None or 0 = off; env_runners/heartbeat.py);
+        * ``print_summary``: ``algo.train()`` prints the one-line summary of the iteration that
+          ``rllib-spear train`` prints (rllib_spear/progress.py); default False.
+        """
+        own = {"log_samples": log_samples, "heartbeat_s": heartbeat_s, "print_summary": print_summary}
+        super().debugging(**kwargs)
+        for k, v in own.items():
+            if v is not NotProvided:
+                setattr(self, k, v)
+        return self
+
+    @classmethod
+    def debugging_keys(cls) -> set[str]:
+        """The ``debugging()`` kwargs this library adds to RLlib's."""
+        return set(DEBUGGING_DEFAULTS)
+
     def get_evaluation_config_object(self) -> "GRPOConfig | None":
         """RLlib's evaluation config, with its ``evaluation_interval`` cleared: ``Algorithm.setup``
         builds a separate evaluation EnvRunnerGroup (in the driver, with a second engine) whenever
@@ -263,10 +299,13 @@ class GRPOConfig(AlgorithmConfig):
     def policy_loss_config(self, replay: bool = False) -> PolicyLossConfig:
         """The core loss config of on-policy (or, with ``replay``, SIL) updates (not validated:
         ``validate()`` does that, naming the ``training()`` kwargs). ``tis_cap``: None = 2.0 on
-        the vllm engine or with ``rollout_pipeline="one_step_off"`` / ``"async"`` (behaviour log-probs
-        old, docs/design.md "Rollout pipelining"), else off; 0 = off everywhere."""
+        the vllm engine or with a pipeline that samples during the update (``"one_step_off"``,
+        ``"async"``: behaviour log-probs old, docs/design.md "Rollout pipelining"), else off; 0 = off
+        everywhere."""
+        from ...pipelines import get_pipeline
+
         tis = self.tis_cap
-        if tis is None and (self.engine == "vllm" or self.rollout_pipeline in ("one_step_off", "async")):
+        if tis is None and (self.engine == "vllm" or get_pipeline(self.rollout_pipeline).overlaps_update):
             tis = 2.0
         if replay:  # SIL (2.3): the ratio pi_theta / pi_behaviour uses stored log-probs, no engine term
             tis = None
@@ -320,13 +359,9 @@ class GRPOConfig(AlgorithmConfig):
         return RLModuleSpec(module_class=HFCausalLMRLModule)
 
     def get_default_learner_class(self) -> type:
-        from .learner import GRPOTorchLearner
+        from ...learner.rllib_learner import GRPOTorchLearner
 
         return GRPOTorchLearner
-
-    @property
-    def _model_config_auto_includes(self) -> dict[str, Any]:
-        return {"temperature": self.temperature}
 
     def validate(self, *, check_files: bool = True) -> None:
         """RLlib's checks and ours, each error naming the key and the fix. ``check_files``: the
@@ -337,7 +372,7 @@ class GRPOConfig(AlgorithmConfig):
         # API stack" notice (once per process: driver, every runner and learner) says nothing here.
         log_once(f"{self.algo_class.__name__}_on_new_api_stack")
         super().validate()
-        err = self._value_error
+        err = config_value_error(self)
 
         def pos_int(name: str, minimum: int = 1) -> None:
             v = getattr(self, name)
@@ -355,7 +390,7 @@ class GRPOConfig(AlgorithmConfig):
         pos_int("max_model_len", 16)
         pos_int("max_response_tokens")
         pos_int("lr_warmup_steps", 0)
-        if self.max_consecutive_skipped_steps is not None:  # None or 0: never stop (update_core.StepGuard)
+        if self.max_consecutive_skipped_steps is not None:  # None or 0: never stop (learner.steps.StepGuard)
             pos_int("max_consecutive_skipped_steps", 0)
         check_recipe(self, err)
         if not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
@@ -365,6 +400,7 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`tis_cap` must be > 0, 0 (off) or None (auto: 2.0 on vllm or one_step_off, else off), got {tis!r}")
         self._check_rollout_pipeline(err)
         self._check_evaluation(err)
+        self._check_debugging(err)
         self._check_agent_loop(err)
         self._check_step_context(err)
         # The loss knobs are checked by the core loss config itself, for the on-policy and the
@@ -386,9 +422,10 @@ class GRPOConfig(AlgorithmConfig):
         resolve_runner_gpus(self, err)
         # colocated mode: a learner rank and an engine per GPU (docs/design.md "Cluster placement")
         resolve_colocation(self, err)
+        self._check_colocated_pipeline(err)
         if self.temperature <= 0:
             err(f"`temperature` must be > 0, got {self.temperature!r}")
-        scoring_t = (self._model_config or {}).get("temperature", self.temperature)
+        scoring_t = self.model_config["temperature"]  # the user's model_config wins over the auto-included one
         if scoring_t != self.temperature:
             # The learner scores under model_config's temperature, the engine samples and the
             # reference model scores under `temperature`: the PPO ratio would start off 1.
@@ -431,12 +468,12 @@ class GRPOConfig(AlgorithmConfig):
                 err(f"`model_config['dtype']`: {e}")
         if check_files:
             missing_files(self, err)
-        check_learner_layout(self, self._value_error)
-        from ...weight_streaming import TRANSPORTS
+        check_learner_layout(self, err)
+        from ...weight_streaming import transport_names
 
-        if self.weight_sync_transport is not None and self.weight_sync_transport not in TRANSPORTS:
-            err(f"`weight_sync_transport` (learners()) must be None or one of {TRANSPORTS}, "
-                f"got {self.weight_sync_transport!r}")
+        if self.weight_sync_transport is not None and self.weight_sync_transport not in transport_names():
+            err(f"`weight_sync_transport` (learners()) must be None or one of {transport_names()} (register your own "
+                f"with rllib_spear.weight_streaming.register_transport), got {self.weight_sync_transport!r}")
         self._check_vllm_transfer(err)
         if self.weight_sync_transport == "shared_memory":
             fix = "; use weight_sync_transport='object_store' (or 'auto', which picks what can run)"
@@ -453,6 +490,18 @@ class GRPOConfig(AlgorithmConfig):
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not mb > 0:
             err(f"`weight_sync_bucket_mb` (learners()) must be a number > 0, got {mb!r}")
         self._warn_on_cold_start_call_format()
+
+    def _check_debugging(self, err) -> None:
+        """The ``debugging()`` knobs of this library."""
+        n = self.log_samples
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            err(f"`log_samples` (debugging()) must be an integer >= 0 (episodes printed per iteration; 0 = off), "
+                f"got {n!r}")
+        hb = self.heartbeat_s
+        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, (int, float)) or hb < 0):
+            err(f"`heartbeat_s` (debugging()) must be a number of seconds > 0, or None / 0 (off), got {hb!r}")
+        if not isinstance(self.print_summary, bool):
+            err(f"`print_summary` (debugging()) must be True or False, got {self.print_summary!r}")
 
     def _check_vllm_transfer(self, err) -> None:
         """Transport "vllm" and its backend (docs/design.md "The vLLM transport")."""
@@ -476,38 +525,31 @@ class GRPOConfig(AlgorithmConfig):
                 ".resources(colocate=True), or use 'nccl' for engines on other GPUs")
 
     def _check_rollout_pipeline(self, err) -> None:
-        """``rollout_pipeline`` / ``max_policy_lag`` (docs/design.md "Rollout pipelining")."""
-        if self.rollout_pipeline not in ("sync", "one_step_off", "async"):
-            err(f"`rollout_pipeline` must be 'sync', 'one_step_off' or 'async' (.training(rollout_pipeline=...)), "
+        """``rollout_pipeline`` / ``max_policy_lag`` (docs/design.md "Rollout pipelining"): a
+        registered name (rllib_spear/pipelines/registry.py), then what that pipeline needs."""
+        from ...pipelines import get_pipeline, pipeline_names
+
+        names = pipeline_names()
+        if self.rollout_pipeline not in names:
+            err(f"`rollout_pipeline` must be {_one_of(names)} (.training(rollout_pipeline=...)), "
                 f"got {self.rollout_pipeline!r}")
+            return
         lag = self.max_policy_lag
         if not isinstance(lag, (int, np.integer)) or isinstance(lag, bool) or lag < 0:
             err(f"`max_policy_lag` must be an integer >= 0, got {lag!r}")
         if self.in_evaluation:  # evaluation never pipelines
             return
-        if self.rollout_pipeline == "async":
-            self._check_async_pipeline(err, lag)
-            return
-        if self.rollout_pipeline != "one_step_off":
-            return
-        if self.num_env_runners < 1:
-            err("`rollout_pipeline='one_step_off'` samples on remote env runners while the learners train: "
-                f"set .env_runners(num_env_runners=1 or more) (got {self.num_env_runners}), or use "
-                "rollout_pipeline='sync'")
-        if lag < 1:
-            err("`max_policy_lag` must be >= 1 with rollout_pipeline='one_step_off' (every batch after the "
-                f"first is one update old, so {lag} would drop them all), or use rollout_pipeline='sync'")
+        for problem in get_pipeline(self.rollout_pipeline).config_problems(self):
+            err(problem)
 
-    def _check_async_pipeline(self, err, lag: Any) -> None:
-        """``rollout_pipeline="async"`` (docs/design.md "Fully asynchronous training")."""
-        if self.rollout_mode != "async":
-            err("`rollout_pipeline='async'` samples every episode at its own pace while the learners train: "
-                "it needs the async agent loop, .env_runners(rollout_mode='async') "
-                f"(got rollout_mode={self.rollout_mode!r}), or use rollout_pipeline='one_step_off'")
-        if lag < 1:
-            err("`max_policy_lag` must be >= 1 with rollout_pipeline='async' (groups finish while the learners "
-                f"train, so most are at least one update old and {lag} would drop them), or use "
-                "rollout_pipeline='sync'")
+    def _check_colocated_pipeline(self, err) -> None:
+        """``colocate=True`` puts the engines to sleep during the update: the pipeline must not
+        sample then (docs/design.md "Cluster placement")."""
+        from ...pipelines import get_pipeline
+
+        if self.colocate and not self.in_evaluation and get_pipeline(self.rollout_pipeline).overlaps_update:
+            err(f"`colocate=True` puts the engines to sleep while the learners train, but rollout_pipeline="
+                f"{self.rollout_pipeline!r} samples during training: use rollout_pipeline='sync' (or colocate=False)")
 
     def _check_step_context(self, err) -> None:
         """``step_context`` / ``history_steps`` / ``max_prompt_tokens`` (docs/design.md "Sample
@@ -538,9 +580,13 @@ class GRPOConfig(AlgorithmConfig):
                 err(f"`step_context`: {e}")
 
     def _check_agent_loop(self, err) -> None:
-        """``rollout_mode`` / ``tool_concurrency`` / ``tool_timeout_s`` (docs/design.md "The agent loop")."""
-        if self.rollout_mode not in ("turn_sync", "async"):
-            err(f"`rollout_mode` must be 'turn_sync' or 'async' (.env_runners(rollout_mode=...)), "
+        """``rollout_mode`` (a registered name, env_runners/rollout_modes.py) / ``tool_concurrency``
+        / ``tool_timeout_s`` (docs/design.md "The agent loop")."""
+        from ...env_runners.rollout_modes import rollout_mode_names
+
+        names = rollout_mode_names()
+        if self.rollout_mode not in names:
+            err(f"`rollout_mode` must be {_one_of(names)} (.env_runners(rollout_mode=...)), "
                 f"got {self.rollout_mode!r}")
         n = self.tool_concurrency
         if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1):
@@ -551,6 +597,10 @@ class GRPOConfig(AlgorithmConfig):
             err(f"`tool_timeout_s` must be a number of seconds > 0, or None for no limit "
                 f"(.env_runners(tool_timeout_s=...)), got {t!r}")
         self._check_watchdogs(err)
+        from ...serving.config_checks import serving_config_problems  # serve_openai, agent programs
+
+        for problem in serving_config_problems(self):
+            err(problem)
 
     def _check_watchdogs(self, err) -> None:
         """``step_timeout_s`` / ``generation_timeout_s`` (docs/design.md "Fault tolerance")."""
@@ -616,6 +666,12 @@ class GRPOConfig(AlgorithmConfig):
                 "model_path %r was trained to call tools with parser %r, but env_config['parser'] is %r; "
                 "use .environment(%r, env_config=rllib_spear.coldstart.task_policy_env_config(%r))",
                 path, want, env_config.get("parser"), self.env, self.env)
+
+
+def _one_of(names: list[str]) -> str:
+    """'a', 'b' or 'c' (for the messages that list the registered names)."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
 class DrBoTConfig(GRPOConfig):

@@ -103,6 +103,10 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     # call past generation_timeout_s fails the sampling call and restarts the runner. None = no limit
     "step_timeout_s": 300.0,
     "generation_timeout_s": 3600.0,
+    # the OpenAI endpoint (docs/design.md "The OpenAI endpoint"): True (or a dict of host, port,
+    # model_name, tools) serves each runner's engine on /v1/chat/completions and /v1/completions;
+    # rollout_mode="agent_program" serves it whatever this says
+    "serve_openai": False,
 }
 
 
@@ -155,6 +159,13 @@ EVALUATION_DEFAULTS: dict[str, Any] = {
     "eval_top_p": 1.0,
     "eval_top_k": -1,  # -1 = off
     "eval_max_new_tokens": None,  # per turn; None = env_runners(max_new_tokens=...)
+}
+
+#: debugging() kwargs owned by this config: what a run shows on the console while it trains.
+DEBUGGING_DEFAULTS: dict[str, Any] = {
+    "log_samples": 0,  # N sampled episodes per iteration to stdout and TensorBoard (sample_log.py); 0 = off
+    "heartbeat_s": 30.0,  # a sampling call this long prints a line every heartbeat_s (env_runners/heartbeat.py)
+    "print_summary": False,  # algo.train() prints the CLI's one-line summary of the iteration (progress.py)
 }
 
 SHARDING_STRATEGIES = ("ddp", "fsdp")

@@ -1,25 +1,22 @@
-"""Driver side of validation (docs/design.md "Validation"): which tasks, which sampling
-parameters, and the evaluation requests to the training env runners.
+"""The settings of validation (docs/design.md "Validation"): which dataset and split, how many
+tasks, how many samples per task, and the sampling parameters, from the ``evaluation()`` knobs and
+a call's overrides, checked on the driver before any runner gets them.
 
-Evaluation runs on the runners that sample for training (no second engine), through
-``LLMEnvRunner.evaluate_groups``: its own rollout, seed stream and env pool, so the training run
-is the same with or without it. The requests are synchronous ``foreach_env_runner`` calls; the
-actor manager waits for exactly those, so a one_step_off sample in flight (an async request of
-its own tag) is neither consumed nor lost: the evaluation call queues behind it on each runner.
+Validation belongs to the algorithm (``GRPO.evaluate`` / ``evaluate_tasks``) and runs on the
+runners that sample for training; its requests to them are
+``pipelines/runner_requests.sample_for_evaluation``.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ...core.trajectory import Trajectory
 from ...env_runners.engines.base import SamplingConfig
 from ...env_runners.llm_env_runner import EVAL_SAMPLING_KEYS
-from .rollouts import healthy_runner_ids, whole_groups
 
-__all__ = ["EvalSettings", "eval_settings", "eval_source", "dataset_label", "sample_for_evaluation"]
+__all__ = ["EvalSettings", "eval_settings", "eval_source", "dataset_label"]
 
 #: The ``evaluation()`` knob of each sampling parameter of an evaluation call.
 _KNOB_OF = {k: f"eval_{k}" for k in EVAL_SAMPLING_KEYS}
@@ -82,27 +79,3 @@ def dataset_label(source: Any) -> str:
         return (p.stem if p.suffix else p.name) or "all"
     return "all"
 
-
-def sample_for_evaluation(group: Any, tasks: list[dict], samples: int, sampling: dict[str, Any],
-                          resync: Callable[[], int], eval_key: int | None = None,
-                          ) -> tuple[list[Trajectory], list[dict], int]:
-    """(trajectories, runner stats, runner results lost): ``samples`` episodes per task with the
-    evaluation ``sampling``, tasks dealt round-robin over the healthy runners (the local runner
-    when there are no remote ones); only whole groups are kept, as for training. ``eval_key``:
-    the driver's evaluation counter, the runners' seed key (``LLMEnvRunner.evaluate_groups``):
-    a runner's own counter restarts with the runner and would repeat earlier seeds."""
-    if group.num_remote_env_runners() == 0:
-        out = group.local_env_runner.evaluate_groups(tasks=tasks, group_size=samples, sampling=sampling,
-                                                     eval_key=eval_key)
-        return list(out["trajectories"]), [out["stats"]], 0
-    ids, _ = healthy_runner_ids(group, resync)
-    shares = [(i, tasks[k::len(ids)]) for k, i in enumerate(ids)]
-    shares = [(i, s) for i, s in shares if s]
-    if not shares:
-        return [], [], 0
-    results = group.foreach_env_runner(
-        [lambda r, s=s: r.evaluate_groups(tasks=s, group_size=samples, sampling=sampling, eval_key=eval_key)
-         for _, s in shares],
-        local_env_runner=False, remote_worker_ids=[i for i, _ in shares])
-    trajs, _ = whole_groups(results, samples)  # eval tasks have distinct uids (loaders)
-    return trajs, [r["stats"] for r in results], len(shares) - len(results)

@@ -3,10 +3,10 @@
 One ``training_step`` (docs/algorithms.md 1-3; the pieces are registered in rllib_spear/recipe and
 named by the config):
  1. draw ``tasks_per_iteration`` tasks (checkpointed position), sample G trajectories per task
-    on the healthy LLMEnvRunners (``rollout_pipeline="one_step_off"``: collect the batch launched
-    last iteration and launch the next one, pipeline.py; ``"async"``: take the groups the
-    runners finished while sampling without pause, async_pipeline.py);
-    ``TrajectoryCallback.on_trajectories`` sees the batch;
+    on the healthy LLMEnvRunners, as the registered ``rollout_pipeline`` schedules it
+    (rllib_spear/pipelines/: "sync" samples now; "one_step_off" collects the batch launched last
+    iteration and launches the next one; "async" takes the groups the runners finished while
+    sampling without pause); ``TrajectoryCallback.on_trajectories`` sees the batch;
  2. reward shapers (SPEAR tool bonus, SPADER diversity reward, user reward functions);
  3. the advantage estimator, grouped by uid (GRPO outcome / SPADER step-wise peer);
  4. response filters zero masks; the group-std filter drops the flattest groups;
@@ -15,8 +15,9 @@ named by the config):
     joined or in its own optimizer steps);
  7. SIL admission, the version-checked weight sync, metrics.
 
-Colocated mode (``.resources(colocate=True)``, colocation.py): the engines sleep between 5 and 6
-(after sampling), and the weight sync of 7 runs between their two wakes: weights, sync, KV cache.
+The engine cycle (pipelines/colocation.py) is called around 6 and 7 in every run; it acts in
+colocated mode (``.resources(colocate=True)``): the engines sleep between 5 and 6 (after
+sampling), and the weight sync of 7 runs between their two wakes: weights, sync, KV cache.
 Any failure after the sleep (update, SIL step, sync) wakes every engine and leaves the sync owed:
 the next sampling (training or evaluation) first syncs, and fails if that sync fails, so nothing
 is sampled on weights the runners do not hold (none at all after a level-2 sleep).
@@ -32,7 +33,6 @@ import time
 from typing import Any, Sequence
 
 import numpy as np
-from ray.rllib.algorithms.algorithm import Algorithm
 from ray.rllib.core import DEFAULT_MODULE_ID
 from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
 from ray.rllib.utils.metrics import (
@@ -45,13 +45,12 @@ from ...core.step_samples import sample_lengths
 from ...core.trajectory import Trajectory
 from ...recipe import LearnerRow, Recipe, TaskSampler, build_learner_batches
 from ...recipe.recipe import Metrics
-from .colocation import EngineSleepCycle, check_colocated_placement
+from ...rllib_private import AlgorithmAdapter, user_model_config
+from ...pipelines import SampledBatch, make_pipeline
+from ...pipelines.colocation import EngineCycle, check_colocated_placement, engine_cycle
+from ...pipelines.sync import sample_tasks
+from ...weight_streaming.sync import WeightSync
 from .config import DrBoTConfig, GRPOConfig
-from .async_pipeline import AsyncPipeline
-from .pipeline import OneStepOffPipeline
-from .rollouts import sample_groups
-from .weight_sync import sync_weights
-from ...weight_streaming.selection import resolve_transfer_backend, resolve_transport
 
 __all__ = ["GRPO", "DrBoT", "EVALUATION_BEFORE_TRAIN"]
 
@@ -62,10 +61,21 @@ _STATE_KEY = "rllib_spear"
 EVALUATION_BEFORE_TRAIN = "evaluation_before_train"
 
 
-class GRPO(Algorithm):
+def _with_model_path(config: GRPOConfig, model_path: str) -> GRPOConfig:
+    """A frozen copy of the frozen ``config`` whose ``model_config['model_path']`` is
+    ``model_path`` (RLlib's public copy / ``rl_module`` / freeze: a frozen config takes no
+    setting)."""
+    copy = config.copy(copy_frozen=False)
+    copy.rl_module(model_config={**user_model_config(config), "model_path": model_path})
+    copy.freeze()
+    return copy
+
+
+class GRPO(AlgorithmAdapter):
     """Group Relative Policy Optimization for multi-turn tool-using LLM agents."""
 
     _warned_filtered_out = False  # the nearly-all-filtered warning is logged once per run
+    _sample_log = None  # debugging(log_samples=N): made on first use (sample_log.py)
 
     @classmethod
     def get_default_config(cls) -> GRPOConfig:
@@ -94,7 +104,7 @@ class GRPO(Algorithm):
         from ...coldstart import resolve_model_path
         from ...envs import load_tasks
         from ...models.folders import require_model_folder
-        from .resource_check import check_cluster_fits
+        from ...cluster.resource_check import check_cluster_fits
 
         # Actors the cluster can never hold would be waited for forever: refuse now, naming the
         # knobs (docs/design.md "Fault tolerance"), before any actor starts or a model is built.
@@ -111,12 +121,8 @@ class GRPO(Algorithm):
             # evaluation (step 50 of a recipe).
             # Kept: every evaluation of the run reads this split (a 21M-row parquet is not re-read).
             self._eval_tasks = {config.eval_split: load_tasks(eval_source(config), config.eval_split, env=config.env)}
-        if resolved != path:
-            for c in {id(config): config, id(self.config): self.config}.values():
-                frozen = c._is_frozen
-                c._is_frozen = False
-                c._model_config = {**c._model_config, "model_path": resolved}
-                c._is_frozen = frozen
+        if resolved != path:  # RLlib froze the config: learners and runners get a frozen copy
+            config, self.config = (_with_model_path(c, resolved) for c in (config, self.config))
         super().setup(config)
         tasks = load_tasks(config.env if config.dataset is None else config.dataset, "train", env=config.env)
         self.task_sampler = TaskSampler(tasks, seed=config.seed or 0)
@@ -125,20 +131,15 @@ class GRPO(Algorithm):
         self.algo_step = 0  # t of docs/algorithms.md (completed training steps)
         self._rng = np.random.default_rng((config.seed or 0) + 17)
         self._policy_version = 0  # number of learner updates = the learners' WEIGHTS_SEQ_NO
-        self._pipeline = _PIPELINES[config.rollout_pipeline](config)
-        self._sleep_cycle = EngineSleepCycle(config.colocate_sleep_level) if config.colocate else None
+        self._pipeline = make_pipeline(config)  # rollout_pipeline (rllib_spear/pipelines/registry.py)
+        self._sleep_cycle = engine_cycle(config)  # the engines' sleep / wake around the update
+        self.weight_sync = WeightSync.from_config(config)  # learners -> runners, version-checked
         self._sync_owed = False  # a sync failed or was skipped after an update (see sync_if_owed)
         #: colocated runs on GPUs: {runner index: learner rank on the same GPU}
         self.colocated_pairs: dict[int, int] = {}
         if config.colocate and (config.num_gpus_per_learner or 0) > 0:
             self.colocated_pairs = check_colocated_placement(self.learner_group, self.env_runner_group)
         self.sync_weights()
-
-    def _create_local_replay_buffer_if_necessary(self, config: GRPOConfig) -> None:
-        """None: RLlib's ``Algorithm.setup`` would build ``replay_buffer_config`` itself, before the
-        recipe exists and resolving names in RLlib's modules only; the recipe builds SIL's buffer
-        with the same ``from_config`` (rllib_spear/recipe/sil_spec.py) and ``setup`` holds it."""
-        return None
 
     @property
     def pad_token_id(self) -> int:
@@ -159,7 +160,7 @@ class GRPO(Algorithm):
             self.metrics.log_value(counter, 0, reduce="sum")
         self.sync_if_owed()  # a failed iteration before: never sample on weights the runners lack
         t0 = time.perf_counter()
-        trajs, runner_stats = self.next_batch(cfg.tasks_per_iteration)
+        trajs, runner_stats = self.next_batch()
         run_trajectory_callbacks(self, trajs, runner_stats, step)
         t_sample = time.perf_counter() - t0
         if not trajs:
@@ -168,12 +169,12 @@ class GRPO(Algorithm):
         self._log(self.recipe.shape_rewards(trajs, step))
         adv = self.recipe.advantages(trajs)
         kept = self.recipe.filter(trajs)
-        self._warn_if_filtered_out(kept.fractions)
+        self._warn_if_filtered_out(trajs, kept)
+        self._log_samples(trajs, kept.filtered, step)
         rows = self.recipe.learner_rows(trajs, adv, kept)
         replay = self.recipe.replay(step)
         cycle = self._sleep_cycle
-        if cycle is not None:  # colocated: the engines give the GPU to the learners (colocation.py)
-            cycle.sleep(self.env_runner_group)
+        cycle.sleep(self.env_runner_group)  # colocated: the engines give the GPU to the learners
         t0 = time.perf_counter()
         try:
             if replay.joint:
@@ -189,9 +190,8 @@ class GRPO(Algorithm):
         except BaseException:
             self._after_failed_step(cycle)
             raise
-        if cycle is not None:  # what sharing the GPUs cost this iteration
-            for k, v in cycle.pop_seconds().items():
-                self.metrics.log_value(("colocate", f"engine_{k}_s"), v, window=1)
+        for k, v in cycle.pop_seconds().items():  # what sharing the GPUs cost this iteration (colocated)
+            self.metrics.log_value(("colocate", f"engine_{k}_s"), v, window=1)
         self._log_rollout_metrics(trajs, runner_stats, kept.fractions, t_sample)
         trained_tokens = sum(sample_lengths([r.traj for r in rows + replay.rows]))  # per step sample in window
         self.metrics.log_value("train_tokens_per_s", trained_tokens / max(t_train, 1e-9), window=1)
@@ -199,89 +199,28 @@ class GRPO(Algorithm):
         self.metrics.log_value("algo_step", step, window=1)
 
     # ------------------------------------------------------------------ pieces
-    def next_batch(self, num_tasks: int) -> tuple[list[Trajectory], list[dict]]:
-        """This iteration's batch. "sync": ``num_tasks`` new tasks sampled now. "one_step_off":
-        the batch launched last iteration (launched now on a start or after a restore), then the
-        next iteration's request goes out, so the runners sample it during this update."""
-        if self._pipeline is None:
-            key = self._seed_key()
-            return self.sample(self.task_sampler.next(num_tasks), seed_key=key)
-        if isinstance(self._pipeline, AsyncPipeline):
-            return self._next_async_batch()
-        if not self._pipeline.in_flight:
-            self._launch_sample(num_tasks)
-        got = self._pipeline.collect(self.env_runner_group, step=self.algo_step)
-        self._sampled_version = self._policy_version  # the lag metrics count against the learners
-        self._launch_sample(num_tasks)
-        # every iteration, 0 included: a "sum" metric with no value in an iteration reads NaN
-        self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
-        self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
-        self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
-        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
-        return got.trajectories, got.runner_stats
-
-    def _next_async_batch(self) -> tuple[list[Trajectory], list[dict]]:
-        """rollout_pipeline="async": the groups the runners finished, at most ``max_policy_lag``
-        iterations old (async_pipeline.py)."""
-        def resync() -> int:
-            self.sync_weights()
-            return self._policy_version
-
-        got = self._pipeline.collect(self.env_runner_group, self.task_sampler, step=self.algo_step,
-                                     version=self._policy_version, run_seed=int(self.config.seed or 0),
-                                     resync=resync)
-        self._sampled_version = self._policy_version
-        self.metrics.log_value("lost_env_runner_samples", got.lost, reduce="sum")
-        self.metrics.log_value("dropped_stale_trajectories", got.stale, reduce="sum")
-        self.metrics.log_value("dropped_incomplete_groups", got.incomplete_groups, reduce="sum")
-        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_max"), got.lag_max, window=1)
-        self.metrics.log_value((ENV_RUNNER_RESULTS, "policy_lag_mean"),
-                               float(np.mean(got.lags)) if got.lags else 0.0, window=1)
-        self.metrics.log_value(("async", "wait_s"), got.wait_s, window=1)
-        self.metrics.log_value(("async", "groups_outstanding"), got.in_flight, window=1)
-        return got.trajectories, got.runner_stats
-
-    def _launch_sample(self, num_tasks: int) -> None:
-        """The one_step_off request of the next ``num_tasks`` tasks, on the runners' weights now."""
-        before = self.task_sampler.get_state()
-        key = self._seed_key()
-
-        def resync() -> int:
-            self.sync_weights()
-            return self._policy_version
-
-        self._pipeline.launch(self.env_runner_group, self.task_sampler.next(num_tasks), int(self.config.group_size),
-                              step=self.algo_step, version=self._policy_version, sampler_state=before,
-                              resync=resync, seed_key=key)
-
-    def _seed_key(self) -> tuple[int, int]:
-        """(run seed, tasks served before this draw): the key of the next draw's sampling seeds.
-        It is restored with the task sampler, so a restored run, or a runner restarted by fault
-        tolerance, samples each draw with the seeds of the original run."""
-        return int(self.config.seed or 0), self.task_sampler.served
+    def next_batch(self) -> tuple[list[Trajectory], list[dict]]:
+        """This iteration's batch from the run's rollout pipeline (``rollout_pipeline``,
+        rllib_spear/pipelines/), its counters logged."""
+        return self._take_batch(self._pipeline.next_batch(self))
 
     def sample(self, tasks: list[dict], group_size: int | None = None,
                seed_key: tuple[int, int] | None = None) -> tuple[list[Trajectory], list[dict]]:
-        """G = ``group_size`` (default ``config.group_size``) trajectories per task, whole groups only.
-        ``seed_key``: the sampling seeds (``rollouts.sampling_seed``); None: each runner's own."""
-        version = self._sampled_version = self._policy_version
+        """G = ``group_size`` (default ``config.group_size``) trajectories per task, sampled now,
+        whole groups only. ``seed_key``: the sampling seeds (``runner_requests.sampling_seed``);
+        None: each runner's own."""
+        return self._take_batch(sample_tasks(self, tasks, int(group_size or self.config.group_size), seed_key))
 
-        def resync() -> int:
-            self.sync_weights()
-            self._sampled_version = self._policy_version
-            return self._policy_version
-
-        trajs, stats, lost, incomplete = sample_groups(self.env_runner_group, tasks,
-                                                       int(group_size or self.config.group_size), version, resync,
-                                                       seed_key)
-        # every iteration, 0 included: a curve with gaps reads as "not measured" (and a "sum"
-        # metric with no value in an iteration reads NaN). Every requested
-        # group is trained, dropped as incomplete, or lost with a runner's result:
-        # tasks = whole groups + dropped_incomplete_groups + lost_groups.
-        self.metrics.log_value("lost_env_runner_samples", lost, reduce="sum")
-        self.metrics.log_value("dropped_incomplete_groups", incomplete, reduce="sum")
-        self.metrics.log_value("lost_groups", len(tasks) - len({t.uid for t in trajs}) - incomplete, reduce="sum")
-        return trajs, stats
+    def _take_batch(self, batch: SampledBatch) -> tuple[list[Trajectory], list[dict]]:
+        """(trajectories, runner stats) of ``batch``, its counters logged: the counts every
+        iteration, 0 included (a curve with gaps reads as "not measured", and a "sum" metric
+        with no value in an iteration reads NaN)."""
+        self._sampled_version = batch.sampled_version
+        for key, n in batch.counts.items():
+            self.metrics.log_value(key, n, reduce="sum")
+        for key, v in batch.gauges.items():
+            self.metrics.log_value(key, v, window=1)
+        return batch.trajectories, batch.runner_stats
 
     def update_learners(self, rows: Sequence[LearnerRow], step: int) -> list[dict]:
         """One ``learner_group.update`` over ``rows``: whole groups per learner, global normalizers,
@@ -301,7 +240,7 @@ class GRPO(Algorithm):
             else:
                 res = self.learner_group.update(batches=mabs, timesteps=timesteps)
         except Exception as exc:  # a learner rank that died fails the iteration, saying so
-            from .learner_failure import explain_learner_failure
+            from ...learner.failure import explain_learner_failure
 
             explained = explain_learner_failure(self.learner_group, exc)
             if explained is exc:  # no learner died: the error as it was (never its own cause)
@@ -310,14 +249,14 @@ class GRPO(Algorithm):
         self.metrics.aggregate(res, key=LEARNER_RESULTS)
         return res
 
-    def _after_failed_step(self, cycle: EngineSleepCycle | None) -> None:
+    def _after_failed_step(self, cycle: EngineCycle) -> None:
         """An iteration failed after its sampling (update, SIL step or sync): the runners may hold
         no valid weights (a level-2 sleep, a half-applied sync) and the learners may be ahead of
         them, so the sync is owed (``sync_if_owed`` pays it before anything samples); colocated
         engines wake as they are, whatever is still asleep (a failing wake is logged: the
         iteration's own error is the one raised)."""
         self._sync_owed = True
-        if cycle is None or not cycle.asleep:
+        if not cycle.asleep:
             return
         try:
             cycle.wake_all(self.env_runner_group)
@@ -329,8 +268,7 @@ class GRPO(Algorithm):
         """Sync the runners now if the last sync failed or was skipped after an update (or an
         engine is still asleep): called before any sampling. A sync that fails again raises here,
         so the iteration fails loudly before it samples on invalid weights."""
-        cycle = getattr(self, "_sleep_cycle", None)
-        if getattr(self, "_sync_owed", False) or (cycle is not None and cycle.asleep):
+        if getattr(self, "_sync_owed", False) or self._sleep_cycle.asleep:
             logger.warning("the runners' weights are not the learners' (the last iteration failed after its "
                            "sampling): syncing them before sampling")
             self.sync_weights()
@@ -338,24 +276,15 @@ class GRPO(Algorithm):
     def sync_weights(self) -> None:
         """The learners' weights to every runner, version-checked (rollouts run on the new version).
         Colocated engines asleep after an update wake their weights first and their KV cache
-        after (colocation.py). Until it returns, the sync is owed (``sync_if_owed``)."""
+        after (pipelines/colocation.py). Until it returns, the sync is owed (``sync_if_owed``)."""
         if self.env_runner_group is not None:
-            cfg = self.config
-            cycle = getattr(self, "_sleep_cycle", None)
+            cycle = self._sleep_cycle
             self._sync_owed = True
-            if cycle is not None:
-                cycle.wake_for_sync(self.learner_group, self.env_runner_group)
+            cycle.wake_for_sync(self.learner_group, self.env_runner_group)
             try:
-                self._policy_version = sync_weights(
-                    self.learner_group, self.env_runner_group, cfg.sharding,
-                    transport=resolve_transport(cfg.weight_sync_transport, cfg.engine),
-                    bucket_mb=cfg.weight_sync_bucket_mb,
-                    transfer_backend=resolve_transfer_backend(cfg.weight_transfer_backend,
-                                                              learner_gpus=cfg.num_gpus_per_learner or 0,
-                                                              colocate=bool(getattr(cfg, "colocate", False))))
+                self._policy_version = self.weight_sync(self.learner_group, self.env_runner_group)
             finally:
-                if cycle is not None:
-                    cycle.wake_kv_cache(self.env_runner_group)
+                cycle.wake_kv_cache(self.env_runner_group)
             self._sync_owed = False
 
     def restore_env_runners(self, env_runner_group) -> list[int]:
@@ -365,17 +294,44 @@ class GRPO(Algorithm):
             self.sync_weights()
         return restored
 
-    def _warn_if_filtered_out(self, fractions: dict[str, float]) -> None:
+    def _warn_if_filtered_out(self, trajs: list[Trajectory], kept: Any) -> None:
         """Filters that mask (nearly) the whole batch leave nothing to train: say so once per run
-        in the log, and every iteration in ``filters/nearly_all_filtered`` (the CLI's iteration
-        line shows it)."""
-        from ...recipe.filters import filtered_batch_warning
+        in the log, quoting one masked response and never recommending the model in use, and
+        every iteration in ``filters/nearly_all_filtered`` (the CLI's iteration line shows it).
+        ``kept``: the batch's ``FilterResult``."""
+        from ...coldstart.lookup import cold_start_name
+        from ...recipe.filters import NEARLY_ALL_FILTERED, filtered_batch_warning, masked_response
 
-        warning = filtered_batch_warning(fractions)
-        self.metrics.log_value(("filters", "nearly_all_filtered"), float(warning is not None), window=1)
-        if warning and not self._warned_filtered_out:
+        nearly_all = kept.fractions.get("any", 0.0) >= NEARLY_ALL_FILTERED
+        self.metrics.log_value(("filters", "nearly_all_filtered"), float(nearly_all), window=1)
+        if nearly_all and not self._warned_filtered_out:
             self._warned_filtered_out = True
+            model = str(self.config.model_config.get("model_path", ""))
+            warning = filtered_batch_warning(kept.fractions, sample=masked_response(trajs, kept.filtered),
+                                             model=cold_start_name(model) or model)
             logger.warning("iteration %d: %s", self.algo_step + 1, warning)
+
+    def _log_samples(self, trajs: list[Trajectory], filtered: Sequence[bool], step: int) -> None:
+        """``.debugging(log_samples=N)``: N of the iteration's episodes to stdout and to
+        TensorBoard in the run's logdir (sample_log.py)."""
+        if not self.config.log_samples:
+            return
+        if self._sample_log is None:
+            from ...sample_log import SampleLog
+
+            self._sample_log = SampleLog(self.config.log_samples, self.config.model_config["model_path"],
+                                         getattr(self, "logdir", None))
+        self._sample_log.log(trajs, filtered, step)
+
+    def log_result(self, result: dict) -> None:
+        """RLlib's (the ``on_train_result`` callbacks, then the loggers); with
+        ``.debugging(print_summary=True)``, then the one-line summary ``rllib-spear train``
+        prints (progress.py), so that ``algo.train()`` shows it too."""
+        super().log_result(result)
+        if self.config.print_summary:
+            from ...progress import progress_line
+
+            print(progress_line(result), flush=True)
 
     def _log(self, metrics: Metrics) -> None:
         for key, v in metrics.items():
@@ -442,7 +398,8 @@ class GRPO(Algorithm):
         training depends on changes (docs/design.md "Validation")."""
         from ...envs import load_tasks
         from ...metrics import task_metrics
-        from .evaluation import dataset_label, eval_settings, eval_source, sample_for_evaluation
+        from ...pipelines.runner_requests import sample_for_evaluation
+        from .evaluation import dataset_label, eval_settings, eval_source
 
         cfg = self.config
         t0 = time.perf_counter()
@@ -504,7 +461,7 @@ class GRPO(Algorithm):
         """Every FSDP learner rank writes its shards into ``folder``'s learner state folder."""
         from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP
 
-        from .learner import SHARDED_STATE_DIR
+        from ...learner.state import SHARDED_STATE_DIR
 
         shard_dir = str(folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / SHARDED_STATE_DIR)
         results = self.learner_group.foreach_learner(lambda learner, d=shard_dir: learner.save_sharded_state(d))
@@ -544,7 +501,7 @@ class GRPO(Algorithm):
 
     def set_state(self, state: dict[str, Any]) -> None:
         dropped = None
-        if getattr(self, "_pipeline", None) is not None:
+        if getattr(self, "_pipeline", None) is not None:  # (set up: there is a run to replace)
             dropped = self._pipeline.drop(self.env_runner_group)  # the restored run samples fresh
         super().set_state(state)
         if dropped is not None:  # after RLlib restored the metrics logger, which would erase it
@@ -563,12 +520,11 @@ class GRPO(Algorithm):
     def _extra_state(self) -> dict[str, Any]:
         return {
             "algo_step": self.algo_step,
-            "task_sampler": (self.task_sampler.get_state() if self._pipeline is None
-                             else self._pipeline.checkpoint_sampler_state(self.task_sampler)),
+            "task_sampler": self._pipeline.checkpoint_sampler_state(self.task_sampler),
             "rng": self._rng.bit_generator.state,
             "policy_version": self._policy_version,
             "eval_count": getattr(self, "_eval_count", 0),
-            **({} if self._pipeline is None else {"pipeline": self._pipeline.get_state()}),
+            "pipeline": self._pipeline.get_state(),
             **self.recipe.get_state(),
         }
 
@@ -578,17 +534,8 @@ class GRPO(Algorithm):
         self._rng.bit_generator.state = s["rng"]
         self._policy_version = int(s["policy_version"])
         self._eval_count = int(s.get("eval_count", 0))  # (older checkpoints: none)
-        if self._pipeline is not None:
-            self._pipeline.set_state(s.get("pipeline", {}))
+        self._pipeline.set_state(s.get("pipeline", {}))  # (none in a "sync" run's older checkpoints)
         self.recipe.set_state(s)
-
-
-#: ``rollout_pipeline`` -> the driver's pipeline (None: sample, then train).
-_PIPELINES = {
-    "sync": lambda cfg: None,
-    "one_step_off": lambda cfg: OneStepOffPipeline(cfg.max_policy_lag),
-    "async": lambda cfg: AsyncPipeline(cfg.max_policy_lag, cfg.tasks_per_iteration, cfg.group_size),
-}
 
 
 class DrBoT(GRPO):

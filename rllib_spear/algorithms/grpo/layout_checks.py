@@ -59,14 +59,14 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
 
 def check_memory_plan(cfg: Any, err: Callable[[str], None]) -> None:
     """With ``gpu_memory_gb`` (or ``engine_gpu_memory_gb``) declared, refuse a config whose memory
-    plan (rllib_spear/planner.py, ``rllib-spear plan``) does not fit, naming the knob to change.
+    plan (rllib_spear/planning/, ``rllib-spear plan``) does not fit, naming the knob to change.
     Reads the model's config.json only (no weights, no torch); nothing to do when neither is set."""
     if cfg.gpu_memory_gb is None and cfg.engine_gpu_memory_gb is None:
         return
     g = cfg.engine_gpu_memory_gb
     if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or g <= 0):
         err(f"`engine_gpu_memory_gb` must be a number > 0 or None, got {g!r}")
-    from ...planner import MEMORY_ERROR, check_fits
+    from ...planning import MEMORY_ERROR, check_fits
 
     try:
         msg = check_fits(cfg)
