@@ -142,7 +142,9 @@ class _Run:
         stats.concurrent_episodes_max = self.live.max
         stats.concurrent_episodes_mean = (self.live.area - area0) / span if span > 0 else 0.0
         stats.tool_calls_concurrent_max = self.pool.max_running
-        self.stats, self._marks = RolloutStats(), self._gauge_marks()
+        # a mode's own counter (RolloutStats.extra), once reported, is reported by every later
+        # window, 0 included: a "sum" metric an iteration does not log reads NaN in RLlib
+        self.stats, self._marks = RolloutStats(extra={k: 0 for k in stats.extra}), self._gauge_marks()
         self.live.max, self.pool.max_running = self.live.count, self.pool.running
         return stats
 

@@ -142,9 +142,11 @@ def test_the_async_pipeline_stream_runs_agent_programs(tok):
     try:
         stream.submit([GroupRequest(1, {"uid": "a", "question": "q"}, 2, 5), GroupRequest(2, {"uid": "b", "question": "r"}, 2, 6)])
         done, stats = stream.take(2, timeout_s=120)
+        _, empty = stream.take(0, timeout_s=0)  # a window where nothing finished still reports the counters
     finally:
         stream.stop()
         ro.shutdown()
     assert sorted(g.key for g in done) == [1, 2] and all(g.error is None for g in done)
     assert all(len(g.trajectories) == 2 and g.trajectories[0].policy_version == 7 for g in done)
     assert stats.engine_calls == 8 and json.dumps(stats.extra)
+    assert empty.extra == {"agent_program_errors": 0, "agent_program_timeouts": 0} and empty.engine_calls == 0
