@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     from transformers import AutoTokenizer
 
     from rllib_spear.env_runners.engines.base import SamplingConfig
-    from rllib_spear.serving import OpenAIEndpoint
+    from rllib_spear.env_runners.serving import OpenAIEndpoint
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from rollout_throughput import model_path_of  # the same model names as the rollout benchmark

@@ -1109,7 +1109,7 @@ def _contract_reference_scores(model_path: str, state: dict, dtype: Any) -> list
 
 
 # ---------------------------------------------------------------------------------------------
-# The OpenAI endpoint (rllib_spear/serving): any engine behind it, through the real openai client.
+# The OpenAI endpoint (rllib_spear/env_runners/serving): any engine behind it, through the real openai client.
 # ---------------------------------------------------------------------------------------------
 def check_endpoint_contract(engine: Any, tokenizer: Any, *, rescore: Callable[[list[int]], Any] | None = None,
                             atol: float = 2e-4, turns: int = 3, who: str | None = None) -> None:
@@ -1126,8 +1126,8 @@ def check_endpoint_contract(engine: Any, tokenizer: Any, *, rescore: Callable[[l
     from .core.call_layout import call_segments, calls_chain
     from .core.trajectory import Trajectory
     from .env_runners.engines.base import SamplingConfig
-    from .serving import OpenAIEndpoint
-    from .serving.protocol import SamplingPolicy
+    from .env_runners.serving import OpenAIEndpoint
+    from .env_runners.serving.protocol import SamplingPolicy
 
     who = who or f"{type(engine).__name__} behind the OpenAI endpoint"
     sampling = SamplingConfig(max_new_tokens=12, stop_token_ids=[tokenizer.eos_token_id])

@@ -113,7 +113,7 @@ class AgentProgramRollout:
 
     def _endpoint(self) -> Any:
         if self.endpoint is None:
-            from ..serving import OpenAIEndpoint
+            from .serving import OpenAIEndpoint
 
             self.endpoint = OpenAIEndpoint(self.engine, self.tokenizer, self.sampling,
                                            max_model_len=self.config.max_model_len,
@@ -215,7 +215,7 @@ class AgentProgramRollout:
     # ------------------------------------------------------------------ one episode
     async def _episode(self, ep: _ProgramEpisode, run: _Run, seed: int | None, policy_version: int,
                        keep_stamps: bool, member: "_Once") -> Trajectory:
-        from ..serving.protocol import SamplingPolicy
+        from .serving.protocol import SamplingPolicy
 
         endpoint = self._endpoint()
         sampling = dataclasses.replace(self.sampling)

@@ -34,7 +34,7 @@ from ..core.trajectory import Trajectory
 from ..coldstart.lookup import resolve_model_path
 from ..models.folders import require_model_folder
 from ..models.threads import apply_torch_threads
-from ..serving.endpoint import start_runner_endpoint
+from .serving.endpoint import start_runner_endpoint
 from ..weight_streaming.runner_side import EngineWeights, WeightReceivers
 from .engines.base import DEFAULT_GENERATION_TIMEOUT_S, GenerationTimeout, SamplingConfig, with_generation_timeout
 from .heartbeat import heartbeat

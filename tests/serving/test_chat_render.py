@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from rllib_spear.models.factory import tiny_model_path
-from rllib_spear.serving.chat import ChatRenderer, normalize_messages, parse_tool_calls
-from rllib_spear.serving.errors import EndpointError
+from rllib_spear.env_runners.serving.chat import ChatRenderer, normalize_messages, parse_tool_calls
+from rllib_spear.env_runners.serving.errors import EndpointError
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},

@@ -1,4 +1,4 @@
-"""The env runner's OpenAI endpoint (rllib_spear/serving) with the real ``openai`` client against
+"""The env runner's OpenAI endpoint (rllib_spear/env_runners/serving) with the real ``openai`` client against
 the HF engine: the captured token ids are the ones the engine sampled, the learner's re-scored
 log-probs of them are the engine's, a chat loop stays one context token for token (also where
 re-tokenizing the reply's text gives other ids), a missing or wrong key is a 401, a request the
@@ -21,8 +21,8 @@ from rllib_spear.core.trajectory import Trajectory  # noqa: E402
 from rllib_spear.env_runners.engines.base import SamplingConfig  # noqa: E402
 from rllib_spear.models.factory import tiny_model_path  # noqa: E402
 from rllib_spear.models.logprobs import token_logprobs  # noqa: E402
-from rllib_spear.serving import OpenAIEndpoint  # noqa: E402
-from rllib_spear.serving.protocol import SamplingPolicy  # noqa: E402
+from rllib_spear.env_runners.serving import OpenAIEndpoint  # noqa: E402
+from rllib_spear.env_runners.serving.protocol import SamplingPolicy  # noqa: E402
 from serving_stubs import ScriptedEngine, non_canonical_pair  # noqa: E402
 
 MAX_LEN = 256

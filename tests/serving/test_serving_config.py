@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rllib_spear import GRPOConfig
-from rllib_spear.serving import check_serve_openai, serve_openai_options
+from rllib_spear.env_runners.serving import check_serve_openai, serve_openai_options
 
 
 def _program(task, client):

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.vllm
 from rllib_spear.core.call_layout import call_segments, calls_chain  # noqa: E402
 from rllib_spear.core.trajectory import Trajectory  # noqa: E402
 from rllib_spear.env_runners.engines.base import SamplingConfig  # noqa: E402
-from rllib_spear.serving import OpenAIEndpoint  # noqa: E402
-from rllib_spear.serving.protocol import SamplingPolicy  # noqa: E402
+from rllib_spear.env_runners.serving import OpenAIEndpoint  # noqa: E402
+from rllib_spear.env_runners.serving.protocol import SamplingPolicy  # noqa: E402
 
 MAX_LEN = 512
 

@@ -597,7 +597,7 @@ class GRPOConfig(AlgorithmConfigAdapter):
             err(f"`tool_timeout_s` must be a number of seconds > 0, or None for no limit "
                 f"(.env_runners(tool_timeout_s=...)), got {t!r}")
         self._check_watchdogs(err)
-        from ...serving.config_checks import serving_config_problems  # serve_openai, agent programs
+        from ...env_runners.serving.config_checks import serving_config_problems  # serve_openai, agent programs
 
         for problem in serving_config_problems(self):
             err(problem)

@@ -17,9 +17,9 @@ import time
 import uuid
 from typing import Any, Sequence
 
-from ..core.call_layout import CapturedCall
-from ..env_runners.async_rollout import request_seed
-from ..env_runners.engines.base import GenerationOutput
+from ...core.call_layout import CapturedCall
+from ..async_rollout import request_seed
+from ..engines.base import GenerationOutput
 from .capture import CallRecord, ChatTurn, CompletionTurn, EpisodeCapture
 from .chat import ChatRenderer, ParsedCompletion, canonical, normalize_messages, parse_tool_calls
 from .errors import EndpointError

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..env_runners.engines.base import SamplingConfig
+from ..engines.base import SamplingConfig
 from .errors import EndpointError
 
 __all__ = ["SamplingPolicy", "RequestSampling", "request_sampling", "check_tools", "IGNORED"]

@@ -8,7 +8,7 @@ it) on a free port, draws the run's API key (``secrets.token_urlsafe``), and run
 agent loop uses, so the engine batches the requests of all episodes together. ``stop()`` (the
 runner's ``stop``) shuts the server down and closes the socket: no endpoint outlives its runner.
 
-Episodes: ``open_episode`` registers an :class:`~rllib_spear.serving.capture.EpisodeCapture`
+Episodes: ``open_episode`` registers an :class:`~rllib_spear.env_runners.serving.capture.EpisodeCapture`
 under a random id and returns it with its base URL ``{url}/episodes/{id}/v1`` (what the episode's
 ``openai`` client is pointed at); ``close_episode`` ends it (its records returned, later calls 404).
 """
@@ -23,8 +23,8 @@ import threading
 import uuid
 from typing import Any
 
-from ..env_runners.engines.base import SamplingConfig
-from ..env_runners.event_loop import agent_loop
+from ..engines.base import SamplingConfig
+from ..event_loop import agent_loop
 from .capture import EpisodeCapture
 from .chat import TOOL_MODES, ChatRenderer
 from .protocol import SamplingPolicy

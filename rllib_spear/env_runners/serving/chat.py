@@ -29,8 +29,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..env_runners.text_safety import safe_text
-from ..envs.parsers.base import _blocks
+from ..text_safety import safe_text
+from ...envs.parsers.base import _blocks
 from .errors import EndpointError
 
 __all__ = ["ChatRenderer", "ParsedCompletion", "TOOL_MODES", "canonical", "normalize_messages",

@@ -6,7 +6,7 @@ an index when it arrives (the order of the episode's calls, and the seed of its 
 records, once sampled, a :class:`~rllib_spear.core.call_layout.CapturedCall` (prompt ids,
 completion ids, log-probs, weights version) with what continuation needs:
 
-* a chat call keeps its messages and tools (as :func:`~rllib_spear.serving.chat.canonical`
+* a chat call keeps its messages and tools (as :func:`~rllib_spear.env_runners.serving.chat.canonical`
   strings) and the reply it returned. A later request whose messages start with those messages
   followed by that reply continues from the call's prompt + completion ids (the longest such
   earlier call wins): the episode stays one context, token for token (token-in/token-out).
@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..core.call_layout import CapturedCall
+from ...core.call_layout import CapturedCall
 from .protocol import SamplingPolicy
 
 __all__ = ["ChatTurn", "CompletionTurn", "EpisodeCapture", "CallRecord"]

@@ -17,9 +17,9 @@ SERVING_PACKAGES = ("fastapi", "uvicorn", "httpx", "openai")
 
 def serving_config_problems(config: Any) -> list[str]:
     """The problems of ``config``'s endpoint and agent-program settings (empty: fine)."""
-    from ..env_runners.rollout_modes import ROLLOUT_MODES
-    from ..envs.agent_program import AgentProgramEnv
-    from ..envs.registry import resolve_env
+    from ..rollout_modes import ROLLOUT_MODES
+    from ...envs.agent_program import AgentProgramEnv
+    from ...envs.registry import resolve_env
 
     out = check_serve_openai(config.serve_openai)
     port = config.serve_openai.get("port", 0) if isinstance(config.serve_openai, dict) else 0
