@@ -23,7 +23,7 @@ from rllib_spear.recipe.sil_buffer import SILBatch, SILReplayBuffer
 from rllib_spear.recipe.sil_spec import build_sil_buffer
 from rllib_spear.testing import ContractError, _contract_sil_batches, check_replay_buffer_contract
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 
 
 def _key(t: Trajectory) -> tuple:
@@ -213,13 +213,13 @@ def test_contract_fails_for_a_broken_buffer(make, match):
         check_replay_buffer_contract(make)
 
 
-def test_readme_prioritised_buffer_keeps_the_contract_and_prioritises():
-    """The README's example, run as written: it validates, keeps the contract, and replays
+def test_documented_prioritised_buffer_keeps_the_contract_and_prioritises():
+    """docs/extending.md's example, run as written: it validates, keeps the contract, and replays
     high-advantage entries more often than the uniform draw."""
-    block = README.read_text().split("### A prioritised SIL buffer", 1)[1]
+    block = EXTENDING.read_text().split("### A prioritised SIL buffer", 1)[1]
     code = re.search(r"```python\n(.*?)```", block, re.S).group(1)
     scope: dict = {"__name__": "readme_example"}
-    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    exec(compile(code, "docs/extending.md", "exec"), scope)  # noqa: S102 - the docs' own example
     cls, cfg = scope["AdvantagePrioritisedSIL"], scope["config"]
     cfg.validate(check_files=False)
     assert isinstance(build_sil_buffer(cfg), cls)
