@@ -52,6 +52,7 @@ class EngineSpy:
 def _install(runner):
     spy = EngineSpy(runner.engine)
     runner.engine = runner._rollout.engine = runner._eval_rollout.engine = spy
+    runner.weight_receivers.weights.engine = spy  # the receivers load the weights into it
     return True
 
 
