@@ -28,10 +28,14 @@ the HF engine -- whatever else is installed. One command, one JSON line per stag
    ``--fit-fraction`` of the GPU's memory (the planner chooses; the whole 7B does not fit one
    H200 with float32 master weights and AdamW).
 6. ``weight_sync``: the sender side of the weight sync on the sharded 1.5B model: every tensor
-   all-gathered one at a time (``models.sharding.iter_full_state``) and packed into flat host
-   buffers (``weight_streaming.iter_buckets``), in float32 and in the engines' dtype (bf16):
-   bytes and GB/s of each (the bf16 payload must be half), and, when ``iter_full_state`` can
-   keep the tensors on the GPU (``device=None``), the gather-and-cast alone.
+   all-gathered one at a time (``models.sharding.iter_full_state``), cut into buckets
+   (``weight_streaming.iter_buckets``) and copied to the host through the senders' reused
+   pinned staging buffer (``weight_streaming.staging.HostStaging``), in float32 and in the
+   engines' dtype (bf16): bytes and GB/s of each (the bf16 payload must be half); the same
+   bf16 buckets through the per-tensor host copy of before (``bf16_to_host_before``) and the
+   ratio (``staging_speedup``, at least ``STAGING_TARGET`` = 5 on a GPU); and, when
+   ``iter_full_state`` can keep the tensors on the GPU (``device=None``), the gather-and-cast
+   alone and where the host copy's time goes (``host_copy_paths``).
 7. ``hf_engine``: the HF engine (``env_runners/engines/hf_engine.py``) sampling from the bf16
    1.5B-shaped model on the GPU: tokens/s, and the gap between the sampled tokens' log-probs and
    the same tokens re-scored by ``token_logprobs``.
@@ -40,7 +44,11 @@ Then a summary line (``"stage": "summary"``, ``ok`` when every stage is). A stag
 prints its error and the next one runs. MFU counts model FLOPs (6 per parameter per token for
 the blocks, the head on the scored tokens only, causal attention 6 T^2 H d per row and layer),
 not the recomputation of activation checkpointing; ``--peak-tflops`` is the GPU's dense bf16
-peak (H200 / H100 SXM: 989).
+peak (H200 / H100 SXM: 989). ``--packed`` trains the training stages (``fsdp_1p5b``,
+``fsdp_offload``, ``fsdp_7b_cut``) on packed micro-batches (docs/design.md "Packed
+micro-batches"); ``--ragged r`` gives their rows different lengths (else no row is padded) and
+``--attn-implementation flex_attention`` the block-sparse kernel: run a stage with and without
+``--packed`` to compare tokens/s and MFU (both count real tokens only).
 
     python benchmarks/gpu_learner_check.py                    # GPU: every stage, about 2-3 minutes on an H200
     python benchmarks/gpu_learner_check.py --stages logprobs,fsdp_1p5b --out gpu.jsonl
@@ -75,6 +83,7 @@ RAY_FREE_MODULES = (
     "rllib_spear.models.sharding", "rllib_spear.models.shapes", "rllib_spear.models.tokenizer",
     "rllib_spear.planning", "rllib_spear.planning.learner", "rllib_spear.core.losses",
     "rllib_spear.recipe.batching", "rllib_spear.weight_streaming.buckets",
+    "rllib_spear.weight_streaming.staging",
     "rllib_spear.env_runners.engines.hf_engine",
 )
 GIB = 2**30
@@ -181,10 +190,12 @@ def _model_config(name: str, a: argparse.Namespace, layers: int | None = None) -
     return cfg
 
 
-def _hf_config(cfg: dict):
+def _hf_config(cfg: dict, attn_implementation: str | None = None):
     from transformers import AutoConfig
 
     cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "torch_dtype")}
+    if attn_implementation is not None:  # None: transformers' default ("sdpa")
+        cfg["attn_implementation"] = attn_implementation
     return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
@@ -229,7 +240,8 @@ def _sharded_model(a, dev, cfg: dict, cpu_offload: bool = False):
     from rllib_spear.models.sharding import load_full_state_from_rank0, offload_mesh, shard_causal_lm
 
     _init_process_group(a, dev)
-    model = load_causal_lm(config=_hf_config(cfg), dtype="float32", gradient_checkpointing=True, device=dev)
+    model = load_causal_lm(config=_hf_config(cfg, a.attn_implementation), dtype="float32",
+                           gradient_checkpointing=True, device=dev)
     if cpu_offload:
         model.to("cpu")
         _free(dev)  # the GPU copy's blocks: not the offloaded layout's memory
@@ -243,21 +255,23 @@ def _sharded_model(a, dev, cfg: dict, cpu_offload: bool = False):
 
 def _batch(a, vocab: int, *, rows: int, seq: int, seed: int = 0) -> dict:
     """A learner batch (``recipe.batching.build_learner_batches``) of ``rows`` trajectories of
-    ``seq`` tokens: a prompt of a quarter of the row, then the assistant tokens (the loss
-    tokens) with behaviour log-probs -log(V) (what a random-init model gives), in groups of 4
-    with advantages +-1."""
+    ``seq`` tokens (``--ragged`` r > 0: of lengths drawn uniformly in [(1 - r) seq, seq], so the
+    padded micro-batches carry padding): a prompt of a quarter of the row, then the assistant
+    tokens (the loss tokens) with behaviour log-probs -log(V) (what a random-init model gives),
+    in groups of 4 with advantages +-1."""
     import numpy as np
 
     from rllib_spear.core.trajectory import Segment, Trajectory
     from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
 
     rng = np.random.default_rng(seed)
-    prompt = max(1, seq // 4)
     lp = -math.log(vocab)
     out = []
     for i in range(rows):
+        n = seq if not a.ragged else int(rng.integers(max(2, int(seq * (1 - a.ragged))), seq + 1))
+        prompt = max(1, n // 4)
         segs = [Segment("prompt", rng.integers(3, vocab, prompt).tolist()),
-                Segment("assistant", rng.integers(3, vocab, seq - prompt).tolist(), [lp] * (seq - prompt), 0)]
+                Segment("assistant", rng.integers(3, vocab, n - prompt).tolist(), [lp] * (n - prompt), 0)]
         t = Trajectory(uid=f"g{i // 4}", segments=segs, outcome_reward=float(i % 2), step_rewards=[0.0],
                        traj_id=f"t{i}")
         out.append(LearnerRow(t, t.token_advantages(1.0 if i % 2 else -1.0), t.loss_mask()))
@@ -265,10 +279,27 @@ def _batch(a, vocab: int, *, rows: int, seq: int, seed: int = 0) -> dict:
                                  seed=seed)[0]
 
 
+def _padded_tokens(batch: dict, budget: int) -> int:
+    """Tokens the padded micro-batches of ``batch`` carry (rows x longest row, summed); a packed
+    run computes ``tokens_per_update`` of them."""
+    import torch
+
+    from rllib_spear.learner.microbatching import token_budget_microbatches
+
+    mask = torch.as_tensor(batch["attention_mask"])
+    lengths = mask.sum(1)
+    return int(sum(len(p) * int(lengths[p].max()) for p in token_budget_microbatches(mask, budget)))
+
+
 def _train_flops(shape, batch: dict) -> float:
     """Model FLOPs of one update on ``batch`` (forward + backward, no recomputation): 6 per
     matmul weight per token in the blocks, 6 V h per scored (loss) token in the head, and causal
-    attention 6 T^2 H d per row and layer (2 T^2 H d forward: QK^T and AV, half of it masked)."""
+    attention 6 T^2 H d per row and layer (2 T^2 H d forward: QK^T and AV, half of it masked).
+
+    Real tokens only, packed or padded (``--packed``): T is a row's real length, and neither the
+    padding a padded micro-batch computes nor the masked-off blocks of a packed row's N x N
+    scores (sdpa computes them; flex_attention skips them) count, so the MFU of the two runs
+    compares the same useful work."""
     import numpy as np
 
     lengths = np.asarray(batch["attention_mask"]).sum(1)
@@ -386,7 +417,8 @@ def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
     loss = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_mode="clip_cov",
                             loss_agg_mode="seq-mean-token-sum-norm").validate()
     update = LocalUpdate(model, optimizer, loss_config=loss, device=dev, grad_clip=1.0,
-                         settings=UpdateSettings(micro_batch_token_budget=a.budget, entropy_metric_tokens=1024))
+                         settings=UpdateSettings(micro_batch_token_budget=a.budget, entropy_metric_tokens=1024),
+                         packed_microbatches=a.packed)
     batch = _batch(a, shape.vocab, rows=a.rows, seq=a.seq)
     build_s = time.perf_counter() - t0
     _reset_peak(dev)
@@ -409,7 +441,8 @@ def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
            "model": shape.summary(), "params": shape.num_params, "layers": shape.layers,
            "layout": _layout(cpu_offload).label() + " + bf16", "optimizer": f"AdamW ({adamw_implementation(optimizer)})",
            "rows": a.rows, "seq": a.seq, "micro_batch_token_budget": a.budget,
-           "tokens_per_update": tokens, "seconds_per_update": secs, "update_seconds": times,
+           "packed": a.packed, "attn_implementation": model.config._attn_implementation, "ragged": a.ragged,
+           "padded_tokens_per_update": _padded_tokens(batch, a.budget), "tokens_per_update": tokens, "seconds_per_update": secs, "update_seconds": times,
            "tokens_per_s": tokens / secs,
            "tflops_per_s": flops / secs / 1e12, "build_s": build_s,
            "mfu": (flops / secs / 1e12) / a.peak_tflops if dev.type == "cuda" else None,
@@ -504,6 +537,27 @@ def stage_fsdp_7b_cut(a, dev, blocked: BlockImports) -> dict:
     return {**out, **info}
 
 
+#: The host path's speed-up the staging buffer must reach on a GPU (the issue: >= 5x the
+#: per-tensor host copy, on this stage's bf16 weights, gather included).
+STAGING_TARGET = 5.0
+
+
+def _per_tensor_host_copy(bucket) -> dict:
+    """The host path before the staging buffer, kept here as the baseline: each tensor copied to
+    the host on its own (``.to("cpu")``: pageable memory) and then into a fresh buffer per dtype
+    (what ``pack_bucket`` did for the collective; the object store made the same per-tensor
+    copies)."""
+    import torch
+
+    meta = bucket.meta
+    buffers = {dt: torch.empty(n, dtype=torch.uint8) for dt, n in meta.buffer_bytes.items()}
+    for (_, t), spec in zip(bucket.items, meta.tensors):
+        if spec.nbytes:
+            host = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            buffers[spec.dtype][spec.offset:spec.offset + spec.nbytes].copy_(host)
+    return buffers
+
+
 def stage_weight_sync(a, dev, blocked: BlockImports) -> dict:
     import inspect
 
@@ -511,6 +565,7 @@ def stage_weight_sync(a, dev, blocked: BlockImports) -> dict:
 
     from rllib_spear.models.sharding import iter_full_state
     from rllib_spear.weight_streaming.buckets import iter_buckets
+    from rllib_spear.weight_streaming.staging import HostStaging
 
     cfg = _model_config("Qwen2.5-1.5B-Instruct", a)
     torch.manual_seed(0)
@@ -521,29 +576,45 @@ def stage_weight_sync(a, dev, blocked: BlockImports) -> dict:
     accepts = inspect.signature(iter_full_state).parameters
     library_cast = "dtype" in accepts
     bucket_bytes = int(a.bucket_mb * 2**20)
+    # where iter_full_state can keep the gathered tensors on the device, they reach the host
+    # through the path under test (the library's senders gather on the device)
+    gather_kw = {"device": None} if "device" in accepts else {}
 
     def source(dtype):
         if library_cast:
-            return iter_full_state(state, keep=True, dtype=dtype)
+            return iter_full_state(state, keep=True, dtype=dtype, **gather_kw)
         # iter_full_state without a cast (an older library): cast here, one tensor at a time
-        return ((k, t if dtype is None else t.to(dtype)) for k, t in iter_full_state(state, keep=True))
+        return ((k, t if dtype is None else t.to(dtype)) for k, t in iter_full_state(state, keep=True, **gather_kw))
 
-    def measure(dtype) -> dict:
+    def measure(dtype, to_host) -> dict:
+        """Gather, cast and copy every bucket to the host with ``to_host``."""
         _sync(dev)
         t0 = time.perf_counter()
         nbytes = buckets = 0
-        for bucket in iter_buckets(source(dtype), bucket_bytes, pack=True):
+        for bucket in iter_buckets(source(dtype), bucket_bytes, pack=False):
+            to_host(bucket)
             nbytes += bucket.meta.nbytes
             buckets += 1
+            del bucket
+        _sync(dev)
         secs = time.perf_counter() - t0
         return {"bytes": nbytes, "buckets": buckets, "seconds": secs, "gb_per_s": nbytes / secs / 1e9}
 
-    measure(torch.bfloat16)  # warm-up (allocator, pinned staging of the first copies)
-    fp32 = measure(None)
-    bf16 = measure(torch.bfloat16)
-    out = {"ok": bf16["bytes"] * 2 == fp32["bytes"], "tensors": len(state), "bucket_mb": a.bucket_mb,
+    staging = HostStaging()  # one per sender, reused by every bucket and sync, as the senders hold it
+    measure(torch.bfloat16, _per_tensor_host_copy)  # warm-ups: the allocator, CUDA's own pinned staging,
+    measure(None, staging.pack)  # and the staging buffer sized (and pinned) for the largest bucket
+    before = measure(torch.bfloat16, _per_tensor_host_copy)
+    fp32 = measure(None, staging.pack)
+    bf16 = measure(torch.bfloat16, staging.pack)
+    speedup = bf16["gb_per_s"] / before["gb_per_s"]
+    half = bf16["bytes"] * 2 == fp32["bytes"]
+    fast = speedup >= STAGING_TARGET or dev.type != "cuda"  # the target is a GPU's (pinned DMA)
+    out = {"ok": half and fast, "tensors": len(state), "bucket_mb": a.bucket_mb,
            "engine_dtype": "bfloat16", "cast": "iter_full_state(dtype=...)" if library_cast else "in this check",
-           "fp32_to_host": fp32, "bf16_to_host": bf16, "bytes_ratio": bf16["bytes"] / fp32["bytes"]}
+           "fp32_to_host": fp32, "bf16_to_host": bf16, "bytes_ratio": bf16["bytes"] / fp32["bytes"],
+           "bf16_to_host_before": before, "staging_speedup": speedup, "staging_target": STAGING_TARGET,
+           "staging_buffer": {"bytes": staging.capacity, "pinned": staging.pinned}}
+    staging.release()
     if "device" in accepts:
         # the gather and cast alone, kept on the device (what an NCCL / IPC transport sends)
         _sync(dev)
@@ -556,8 +627,11 @@ def stage_weight_sync(a, dev, blocked: BlockImports) -> dict:
         secs = time.perf_counter() - t0
         out["bf16_on_device"] = {"bytes": nbytes, "seconds": secs, "gb_per_s": nbytes / secs / 1e9}
         out["host_copy_paths"] = _host_copy_paths(state, dev, bucket_bytes)
-    if not out["ok"]:
+    if not half:
         out["error"] = f"the bf16 payload is {out['bytes_ratio']:.3f} of the fp32 one, not half"
+    elif not fast:
+        out["error"] = (f"the staged host path is {speedup:.1f}x the per-tensor copy "
+                        f"({bf16['gb_per_s']:.2f} vs {before['gb_per_s']:.2f} GB/s), under {STAGING_TARGET:g}x")
     del state, model
     return out
 
@@ -569,16 +643,20 @@ def _host_copy_paths(state: dict, dev, bucket_bytes: int) -> dict:
     packed on the device into one flat buffer, then one copy into pageable memory; (c)
     ``bucket_pinned``, the same into one pinned staging buffer reused by every bucket; (d)
     ``bucket_pinned_then_host``, (c) plus a host copy out of the staging buffer (what
-    ``ray.put`` adds). (c) and (d) need CUDA (pinned memory); on CPU they are None."""
+    ``ray.put`` adds). (c) and (d) need CUDA (pinned memory); on CPU they are None. (e)
+    ``host_staging``: the library's ``HostStaging`` (what the object-store and collective
+    senders run), which should match (c)."""
     import torch
 
     from rllib_spear.models.sharding import iter_full_state
     from rllib_spear.weight_streaming.buckets import iter_buckets
+    from rllib_spear.weight_streaming.staging import HostStaging
 
     named = list(iter_full_state(state, keep=True, dtype=torch.bfloat16, device=None))
     tensors = [t for _, t in named]
     # the library's bucket cut (unpacked: the tensors as they are, on the device)
-    buckets = [[t for _, t in b.items] for b in iter_buckets(iter(named), bucket_bytes, pack=False)]
+    unpacked = list(iter_buckets(iter(named), bucket_bytes, pack=False))
+    buckets = [[t for _, t in b.items] for b in unpacked]
     total = sum(t.numel() * t.element_size() for t in tensors)
     biggest = max(sum(t.numel() * t.element_size() for t in b) for b in buckets)
 
@@ -612,6 +690,10 @@ def _host_copy_paths(state: dict, dev, bucket_bytes: int) -> dict:
     per_tensor()  # warm-up
     out["per_tensor_pageable"] = timed(per_tensor)
     out["bucket_pageable"] = timed(bucket_pageable)
+    staging = HostStaging()
+    staging.pack(max(unpacked, key=lambda b: b.meta.nbytes))  # warm-up: allocate (and pin) once
+    out["host_staging"] = timed(lambda: [staging.pack(b) for b in unpacked])
+    staging.release()
     if dev.type != "cuda":
         out["bucket_pinned"] = out["bucket_pinned_then_host"] = None
         return out
@@ -698,6 +780,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=None, help="rows per update (GPU 32, smoke 8)")
     ap.add_argument("--budget", type=int, default=None, help="micro_batch_token_budget (GPU 16384, smoke 64)")
     ap.add_argument("--steps", type=int, default=None, help="timed updates after the warm-up (GPU 3, smoke 1)")
+    ap.add_argument("--packed", action="store_true",
+                    help="training stages: packed micro-batches (LocalUpdate(packed_microbatches=True))")
+    ap.add_argument("--attn-implementation", default=None,
+                    help="training stages: the model's attention (sdpa, flex_attention, eager; default: "
+                         "transformers' sdpa). flex_attention has no CPU backward: GPU only")
+    ap.add_argument("--ragged", type=float, default=0.0,
+                    help="training stages: row lengths uniform in [(1 - r) seq, seq] (0: every row seq tokens)")
     ap.add_argument("--lp-rows", type=int, default=4, help="rows of the log-prob comparison (GPU)")
     ap.add_argument("--logp-tol", type=float, default=0.25, help="max |chunked - naive| log-prob in bf16")
     ap.add_argument("--grad-tol", type=float, default=0.05, help="max relative gradient error in bf16")

@@ -13,17 +13,25 @@ and log-softmax gather on the completion (loss-mask) positions only, ``core.loss
 with the same global normalizers, backward; then global-norm clipping and one fused AdamW step.
 
 Both sides: the tiny model (``rllib_spear.models.factory.tiny_model_path()``, sizes by flag), ~32
-synthetic trajectories of ~200 tokens (prompt | assistant | observation | assistant). The bare
-side runs before and after the learner (frequency drift does not favour one side).
+synthetic trajectories of ~200 tokens (prompt | assistant | observation | assistant; lengths
+spread by +-``--spread`` of ``--tokens``). The bare side runs before and after the learner
+(frequency drift does not favour one side).
+
+``--packed``: the learner also runs with ``learners(packed_microbatches=True)`` (the body over the
+real tokens of each micro-batch packed into one row, docs/design.md "Packed micro-batches") on the
+same batches, and the trained (real) tokens/s of both are printed, with the padded tokens the
+micro-batches carry. A ragged batch shows the difference: ``--spread 0.9``.
 
     python benchmarks/learner_throughput.py [--algo grpo] [--trajs 32] [--tokens 200] [--budget 0]
-        [--iters 5] [--hidden 128 --layers 2 --vocab 512]
+        [--iters 5] [--hidden 128 --layers 2 --vocab 512] [--spread 0.1] [--packed]
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import time
+from fractions import Fraction
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -31,14 +39,15 @@ import numpy as np
 import torch
 
 
-def synthetic_trajectories(n, length, vocab, seed=0, group_size=8):
+def synthetic_trajectories(n, length, vocab, seed=0, group_size=8, spread=0.1):
     from rllib_spear.core.trajectory import Segment, Trajectory
     from rllib_spear.testing import make_stats
 
     rng = np.random.default_rng(seed)
+    frac = Fraction(str(spread))  # exact: spread 0.1 draws what length // 10 always drew
     out = []
     for i in range(n):
-        L = int(length + rng.integers(-length // 10, length // 10 + 1))
+        L = int(length + rng.integers(-math.ceil(length * frac), math.floor(length * frac) + 1))
         p, a1, o = L // 4, (L * 3) // 10, L // 6
         a2 = L - p - a1 - o
         tok = lambda k: rng.integers(3, vocab, k).tolist()  # noqa: E731
@@ -90,6 +99,15 @@ def bench_learner(cfg, rows, iters):
     res = res[0] if isinstance(res, list) else res
     metrics = sorted(res[DEFAULT_MODULE_ID]) if DEFAULT_MODULE_ID in res else []
     return tokens, times[1:], metrics
+
+
+def padded_tokens(batch, budget: int) -> int:
+    """Tokens the padded micro-batches of ``batch`` carry (rows x longest row, summed)."""
+    from rllib_spear.learner.microbatching import token_budget_microbatches
+
+    lengths = np.asarray(batch["attention_mask"]).sum(1)
+    parts = token_budget_microbatches(torch.as_tensor(np.asarray(batch["attention_mask"])), int(budget))
+    return int(sum(len(p) * lengths[p.numpy()].max() for p in parts))
 
 
 def bare_logprobs(model, ids, attn, score, temperature):
@@ -150,6 +168,9 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--spread", type=float, default=0.1, help="row lengths spread +- this fraction of --tokens")
+    ap.add_argument("--packed", action="store_true",
+                    help="also time the learner with learners(packed_microbatches=True)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -167,7 +188,7 @@ def main():
         cfg = cfg.training(micro_batch_token_budget=args.budget)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
-    trajs = synthetic_trajectories(args.trajs, args.tokens, model.config.vocab_size)
+    trajs = synthetic_trajectories(args.trajs, args.tokens, model.config.vocab_size, spread=args.spread)
     rows = learner_rows(trajs)
     batch = learner_batch(rows, cfg)
 
@@ -189,6 +210,16 @@ def main():
           f"spread {min(t_learn) * 1e3:.1f}-{max(t_learn) * 1e3:.1f})")
     ratio = learn / bare
     print(f"ratio learner/bare: {ratio:.3f}x  (target >= 0.9x: {'OK' if ratio >= 0.9 else 'BELOW'})")
+    if args.packed:
+        tok_p, t_packed, _ = bench_learner(cfg.copy(copy_frozen=False).learners(packed_microbatches=True), rows,
+                                           args.iters)
+        packed = tok_p / float(np.median(t_packed))
+        carried = padded_tokens(batch, cfg.micro_batch_token_budget)
+        print(f"padded micro-batches carry {carried} tokens for {tok_l} real ones "
+              f"({1 - tok_l / carried:.1%} padding); packed: {tok_p} real tokens")
+        print(f"learner, packed   : {packed:10.1f} tokens/s  (median {np.median(t_packed) * 1e3:.1f} ms/update, "
+              f"spread {min(t_packed) * 1e3:.1f}-{max(t_packed) * 1e3:.1f})")
+        print(f"packed/padded     : {packed / learn:.3f}x trained (real) tokens/s")
 
 
 if __name__ == "__main__":

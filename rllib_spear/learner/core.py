@@ -308,8 +308,8 @@ class LocalUpdate:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  loss_config: PolicyLossConfig | Callable[[bool], PolicyLossConfig],
                  settings: UpdateSettings, device: torch.device | str, temperature: float = 1.0,
-                 chunk_size: int | None = None, grad_clip: float | None = None,
-                 num_learners: int = 1, seed: int = 0,
+                 chunk_size: int | None = None, packed_microbatches: bool = False,
+                 grad_clip: float | None = None, num_learners: int = 1, seed: int = 0,
                  compute_context: Callable[[], ContextManager] = contextlib.nullcontext,
                  max_consecutive_skipped_steps: int | None = None) -> None:
         self.model = model
@@ -317,6 +317,7 @@ class LocalUpdate:
         self.device = torch.device(device)
         self.temperature = float(temperature)
         self.chunk_size = chunk_size
+        self.packed_microbatches = bool(packed_microbatches)  # the learner's knob of that name
         self.guard = StepGuard(max_consecutive_skipped_steps)  # skipped steps, over every update
         self.grad_norms: list[float] = []  # each applied step's of the last update
         self.core = UpdateCore(
@@ -339,7 +340,7 @@ class LocalUpdate:
         from ..models.hf_policy import score_batch
 
         return score_batch(self.model, batch, device=self.device, temperature=self.temperature,
-                           chunk_size=self.chunk_size)
+                           chunk_size=self.chunk_size, packed=self.packed_microbatches)
 
     def update(self, data: Mapping[str, Any]) -> dict[str, float]:
         """One learner update on ``data`` (a learner batch, ``recipe.batching``; numpy arrays

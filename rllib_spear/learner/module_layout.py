@@ -64,7 +64,8 @@ def reference_model(lm: torch.nn.Module, mixed_precision: str | None) -> torch.n
 
 class ModuleLayout:
     """The module layout of a learner with ``config`` (its ``sharding``, ``mixed_precision``,
-    ``cpu_offload``, ``activation_checkpointing``, ``kl_coeff``, thread knobs) on ``device``.
+    ``cpu_offload``, ``activation_checkpointing``, ``packed_microbatches``, ``kl_coeff``, thread
+    knobs) on ``device``.
 
     ``reference``: the frozen reference policy once :meth:`make_module` ran with
     ``kl_coeff > 0``, else None."""
@@ -83,8 +84,8 @@ class ModuleLayout:
 
     def make_module(self, make: Callable[[], Any]) -> Any:
         """The learner's MultiRLModule from ``make()`` (RLlib's construction), laid out: threads,
-        empty weights on FSDP ranks other than 0, activation checkpointing, the reference copy,
-        FSDP sharding."""
+        empty weights on FSDP ranks other than 0, activation checkpointing, packed scoring, the
+        reference copy, FSDP sharding."""
         config, device = self.config, self.device
         self.apply_threads()
         if self.sharded and device is not None and device.type == "cuda":
@@ -100,6 +101,7 @@ class ModuleLayout:
             rlm = module[mid]
             hf = hf_model_of(rlm)
             self.apply_activation_checkpointing(hf)
+            self.apply_packing(rlm, hf)
             if float(getattr(config, "kl_coeff", 0.0) or 0.0) > 0 and self.reference is None:
                 # KL to a frozen reference (SPADER option): a copy of the initial policy,
                 # learner-only, taken before sharding (and sharded like the policy).
@@ -160,6 +162,20 @@ class ModuleLayout:
         elif getattr(lm, "is_gradient_checkpointing", False):
             lm.gradient_checkpointing_disable()
 
+    @property
+    def packed(self) -> bool:
+        """learners(packed_microbatches=True): score micro-batches as packed rows."""
+        return bool(getattr(self.config, "packed_microbatches", False))
+
+    def apply_packing(self, rlm: Any, hf: torch.nn.Module) -> None:
+        """Tell the module how to score (``packed_microbatches``); a model that cannot take packed
+        rows is refused here, when the learner is built, not at its first update."""
+        if self.packed:
+            from ..models.packing import check_packable
+
+            check_packable(hf)
+        rlm.packed_microbatches = self.packed
+
     def compute_context(self) -> ContextManager:
         """bf16 autocast for mixed precision on a replicated (DDP / single) learner; FSDP casts
         the gathered parameters itself (MixedPrecisionPolicy)."""
@@ -180,6 +196,7 @@ class ModuleLayout:
         def logp(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
             with torch.no_grad(), self.compute_context():
                 return token_logprobs(ref, batch["input_ids"], batch["attention_mask"],
-                                      temperature=float(temperature), score_mask=batch["loss_mask"] > 0).float()
+                                      temperature=float(temperature), score_mask=batch["loss_mask"] > 0,
+                                      packed=self.packed).float()
 
         return logp

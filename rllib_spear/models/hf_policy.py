@@ -61,12 +61,13 @@ def load_causal_lm(model_path: str | None = None, *, config: Any = None, dtype: 
 
 def score_batch(model: torch.nn.Module, batch: Mapping[str, Any], *, device: torch.device,
                 temperature: float = 1.0, chunk_size: int | None = None,
-                need_entropy: bool = True) -> dict[str, torch.Tensor]:
+                need_entropy: bool = True, packed: bool = False) -> dict[str, torch.Tensor]:
     """The module's forward pass on a learner (micro-)batch: ``{"logp": [B, T]}``, plus
     ``"entropy"`` when asked for (``batch["_need_entropy"]``, default ``need_entropy``), or,
     without it, ``"entropy_sample"``: a detached entropy at ``batch["_entropy_mask"]`` only.
     Only ``batch["_score_mask"]`` positions go through the output head
-    (``models.logprobs.token_logprobs``)."""
+    (``models.logprobs.token_logprobs``). ``packed``: the body runs over the real tokens of the
+    rows packed into one (the learner's ``packed_microbatches``; ``models.packing``)."""
     ids = torch.as_tensor(batch["input_ids"], dtype=torch.long, device=device)
     mask = batch.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask, device=ids.device).long()
@@ -82,6 +83,7 @@ def score_batch(model: torch.nn.Module, batch: Mapping[str, Any], *, device: tor
         return_entropy=bool(need),
         score_mask=None if score is None else torch.as_tensor(score, device=ids.device),
         entropy_mask=None if sample is None else torch.as_tensor(sample, device=ids.device),
+        packed=packed,
     )
     if need:
         return {"logp": out[0], "entropy": out[1]}

@@ -10,6 +10,11 @@ few chunks of float32 logits instead of several copies of the whole sequence's (
 the naive peak, benchmarks/logprob_memory.py). Gradients are those of the naive computation
 (``naive_token_logprobs``), checked in tests/models/test_logprobs.py.
 
+Packed rows (``packed=True``, docs/design.md "Packed micro-batches"): the body runs once over the
+real tokens of every row packed into one row [1, N] with per-row restarting positions
+(``models.packing``), and its hidden states are put back at their [B, T] places before the head:
+the same outputs as the padded body, without the padding's FLOPs.
+
 Alignment (shared with ``rllib_spear.core.trajectory``): position t holds log p(x_t | x_<t) under
 softmax(logits / temperature). Positions without a real left context hold 0: position 0, padding
 (``attention_mask == 0``), and the first real token of a left-padded row.
@@ -174,6 +179,7 @@ def token_logprobs(
     position_ids: torch.Tensor | None = None,
     score_mask: torch.Tensor | None = None,
     entropy_mask: torch.Tensor | None = None,
+    packed: bool = False,
 ):
     """Log-prob of every (scored) token given its prefix (see ``_token_logprobs_unsharded``).
 
@@ -184,7 +190,7 @@ def token_logprobs(
     from .sharding import SCORING_METHOD
 
     kwargs = dict(temperature=temperature, chunk_size=chunk_size, return_entropy=return_entropy,
-                  position_ids=position_ids, score_mask=score_mask, entropy_mask=entropy_mask)
+                  position_ids=position_ids, score_mask=score_mask, entropy_mask=entropy_mask, packed=packed)
     scorer = getattr(unwrap_causal_lm(model), SCORING_METHOD, None)
     if scorer is not None:
         return scorer(input_ids, attention_mask, **kwargs)
@@ -202,6 +208,7 @@ def _token_logprobs_unsharded(
     position_ids: torch.Tensor | None = None,
     score_mask: torch.Tensor | None = None,
     entropy_mask: torch.Tensor | None = None,
+    packed: bool = False,
 ):
     """Log-prob of every scored token given its prefix, computed head-chunk by head-chunk.
 
@@ -227,6 +234,10 @@ def _token_logprobs_unsharded(
             ``return_entropy`` (the entropy metric's sample); those positions need not be scored
             (when all of them are, the entropy comes from the scoring chunks' logits, with no
             second pass of the head).
+        packed: run the body over the real tokens only, packed into one row with a
+            block-diagonal causal mask (``models.packing``; the model must pass
+            ``packing.check_packable``; positions come from the mask, so ``position_ids`` must
+            be None). The outputs equal the padded ones (tests/models/test_packed_logprobs.py).
 
     Returns:
         ``logp`` [B, T] float32, or ``(logp, entropy)`` when ``return_entropy`` or
@@ -241,11 +252,14 @@ def _token_logprobs_unsharded(
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    if position_ids is None:
-        position_ids = position_ids_from_mask(attention_mask)
     body, head = _body_and_head(model)
-    out = body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    if packed:
+        hidden = _packed_hidden(model, body, input_ids, attention_mask, position_ids)
+    else:
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        hidden = _last_hidden(body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   use_cache=False))
     B, T = input_ids.shape
     vocab = head.weight.shape[0] if hasattr(head, "weight") else lm_vocab(model)
     if chunk_size is None:
@@ -292,6 +306,29 @@ def _token_logprobs_unsharded(
     elif entropy_mask is not None:
         ent = _detached_entropy(head, hidden, valid & entropy_mask.bool(), float(temperature), rows_per_chunk)
     return logp if ent is None else (logp, ent)
+
+
+def _last_hidden(out) -> torch.Tensor:
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def _packed_hidden(model, body, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor | None) -> torch.Tensor:
+    """[B, T, h] hidden states of the body run once over the packed real tokens (zeros at
+    padding, which no scored position reads): ``attention_mask=None`` and positions restarting
+    per row make transformers build the block-diagonal causal mask (``models.packing``)."""
+    from .packing import check_packable, pack_rows, unpack_rows
+
+    if position_ids is not None:
+        raise ValueError("packed scoring takes each row's positions from attention_mask (0 at its first "
+                         "real token): pass position_ids=None, or packed=False")
+    check_packable(model)
+    rows = pack_rows(input_ids, attention_mask)
+    if rows.num_tokens == 0:  # nothing real to pack: the padded body (no tokens to save either)
+        return _last_hidden(body(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids_from_mask(attention_mask), use_cache=False))
+    out = body(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids, use_cache=False)
+    return unpack_rows(_last_hidden(out), rows.real)
 
 
 def _scatter(values: list, sel: torch.Tensor, keep: bool) -> torch.Tensor:

@@ -108,6 +108,8 @@ class HFCausalLMRLModule(TorchRLModule):
         self._chunk_size = int(chunk) if chunk else None
         self._temperature = float(cfg.get("temperature", 1.0))
         self._compute_entropy = bool(cfg.get("compute_entropy", True))
+        # packed scoring is a learner knob: the learner's layout sets it (learners(packed_microbatches=...))
+        self.packed_microbatches = False
         path = _model_folder(str(cfg["model_path"]))
         lora = cfg.get("lora")
         self._is_lora = bool(lora) and not self.inference_only
@@ -123,7 +125,7 @@ class HFCausalLMRLModule(TorchRLModule):
     # ------------------------------------------------------------------ forward
     def _forward(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:
         return score_batch(self.model, batch, device=self._device(), temperature=self._temperature,
-                           chunk_size=self._chunk_size,
+                           chunk_size=self._chunk_size, packed=self.packed_microbatches,
                            need_entropy=kwargs.get("need_entropy", self._compute_entropy))
 
     def _forward_train(self, batch: Dict[str, Any], **kwargs) -> Dict[str, Any]:

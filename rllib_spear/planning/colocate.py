@@ -18,7 +18,9 @@ an iteration, with G = ``gpu_memory_gb``:
 * engine asleep: at both sleep levels the weights and the KV cache leave the GPU; what remains is
   the engine's CUDA context, CUDA graphs and non-torch allocations (``VLLM_ASLEEP_GIB``, an
   estimate: unverified on a GPU here; ``HF_ASLEEP_GIB`` for the HF engine's CUDA context);
-* bucket: the weight sync's staging buffer, ``weight_sync_bucket_mb``.
+* bucket: the weight sync's device buffers, ``SYNC_DEVICE_BUCKETS`` x ``weight_sync_bucket_mb``: the
+  gathered bucket being sent, the next one (the object store's sender looks one ahead) and its packed
+  copy (``weight_streaming/staging.py`` packs a bucket on the device before its one host copy).
 
 Host memory: sleep level 1 backs each engine's weights up to pinned CPU memory (weights bytes per
 GPU, ``GPUS_PER_NODE`` GPUs per node); level 2 keeps no copy (the sync rewrites the weights).
@@ -32,7 +34,7 @@ from .layouts import GIB, GPUS_PER_NODE, OVERHEAD_GIB, _gib
 from .layouts import gib_text as _g
 from .learner import LearnerPlan
 
-__all__ = ["ColocatedPlan", "plan_colocated", "VLLM_ASLEEP_GIB", "HF_ASLEEP_GIB"]
+__all__ = ["ColocatedPlan", "plan_colocated", "VLLM_ASLEEP_GIB", "HF_ASLEEP_GIB", "SYNC_DEVICE_BUCKETS"]
 
 #: GPU memory a sleeping vLLM engine keeps (CUDA context, CUDA graphs, non-torch allocations); an
 #: estimate, unverified on a GPU here.
@@ -142,6 +144,10 @@ class ColocatedPlan:
             out.append(f"  {'host (pinned, per node)':<27}{_g(self.host_bytes_per_node):>8}  "
                        f"engine weight copies of sleep level 1 x {self.ranks_per_node} GPUs")
         return out
+
+
+#: Buckets of the weight sync alive on the learner's device at once (module docstring, "bucket").
+SYNC_DEVICE_BUCKETS = 3
 
 
 def plan_colocated(learner: LearnerPlan, engine: EnginePlan, gpu_gib: float | None, *, sleep_level: int = 1,

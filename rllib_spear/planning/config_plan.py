@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..models.shapes import ModelShape, model_config_for
-from .colocate import plan_colocated
+from .colocate import SYNC_DEVICE_BUCKETS, plan_colocated
 from .fixes import plan_problems
 from .layouts import (
     COLOCATED_GPU_MEMORY_UTILIZATION,
@@ -105,7 +105,7 @@ def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
         out.notes.append(f"step_context='window': the learners train one sample per step, at most {seq_len} tokens "
                          "(max_prompt_tokens + max_new_tokens), the learner's max_model_len above")
     if getattr(config, "colocate", False) and extras["learner_on_gpu"] and out.engine is not None:
-        bucket = int(float(getattr(config, "weight_sync_bucket_mb", 0) or 0) * 2**20)
+        bucket = SYNC_DEVICE_BUCKETS * int(float(getattr(config, "weight_sync_bucket_mb", 0) or 0) * 2**20)
         out.colocated = plan_colocated(out.learner, out.engine, out.gpu_memory_gb,
                                        sleep_level=int(getattr(config, "colocate_sleep_level", 1)),
                                        bucket_bytes=bucket)

@@ -112,11 +112,12 @@ def unpack_bucket(meta: BucketMeta, buffers: dict[str, torch.Tensor]) -> Iterato
 def iter_buckets(named_tensors: Iterable[tuple[str, torch.Tensor | None]],
                  bucket_bytes: int, pack: bool = True) -> Iterator[Bucket]:
     """Group ``(name, tensor)`` pairs, in order, into buckets of at most ``bucket_bytes`` (a
-    tensor larger than that is a bucket of its own), packed (``pack``: a collective sends one
-    buffer per dtype) or not (the object store serialises each tensor straight into the store,
-    so packing would be one more copy of every byte). Pairs whose tensor is None (ranks that
-    only take part in the gathers, ``models.sharding.iter_full_state(keep=False)``) are consumed
-    and yield nothing. Holds at most one bucket of tensors at a time."""
+    tensor larger than that is a bucket of its own), packed into fresh buffers that the caller
+    may keep (``pack``) or not (the senders: the object store serialises each CPU tensor
+    straight into the store, and device tensors, or a collective's buckets, are packed into
+    the sender's reused host buffer, ``staging.HostStaging``). Pairs whose tensor is None
+    (ranks that only take part in the gathers, ``models.sharding.iter_full_state(keep=False)``)
+    are consumed and yield nothing. Holds at most one bucket of tensors at a time."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
 

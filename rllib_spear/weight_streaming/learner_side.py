@@ -97,10 +97,12 @@ class LearnerWeights:
 
     def iter(self, placeholders: bool = False, engine_dtype: str | torch.dtype | None = None
              ) -> Iterator[tuple[str, torch.Tensor | None]]:
-        """(HF name, whole tensor) of the inference weights, one tensor at a time. Under FSDP
-        every rank must drain it (each tensor is all-gathered, ``models.sharding.iter_full_state``)
-        and only rank 0 gets tensors (the others get None, or with ``placeholders`` an empty
-        "meta" tensor of the same shape and wire dtype, so that they can cut the same buckets);
+        """(HF name, whole tensor) of the inference weights, one tensor at a time, on the
+        learner's device (the senders copy them to the host a bucket at a time,
+        ``staging.HostStaging``). Under FSDP every rank must drain it (each tensor is
+        all-gathered, ``models.sharding.iter_full_state``, and left where it was gathered) and
+        only rank 0 gets tensors (the others get None, or with ``placeholders`` an empty "meta"
+        tensor of the same shape and wire dtype, so that they can cut the same buckets);
         unsharded, rank 0 yields the tensors as they are (no copy) and the other ranks nothing.
         ``engine_dtype`` ("bfloat16" or a torch dtype): each floating tensor wider than it is
         cast to it on the way (:func:`wire_dtype_of`; one tensor at a time, on the learner's
@@ -123,7 +125,9 @@ class LearnerWeights:
             return
         for k, v in sd.items():
             wire = wire_dtype_of(v.dtype, engine_dtype)
-            (_, t), = iter_full_state({k: v}, keep=keep, dtype=None if wire == v.dtype else wire)
+            # kept where it was gathered: the sender copies a whole bucket to the host at once
+            # (staging.HostStaging), not one tensor at a time into pageable memory
+            (_, t), = iter_full_state({k: v}, keep=keep, dtype=None if wire == v.dtype else wire, device=None)
             yield k, (torch.empty(v.shape, dtype=wire, device="meta") if t is None and placeholders else t)
 
 

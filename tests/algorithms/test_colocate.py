@@ -426,7 +426,7 @@ def _planned(**kw):
 
 def test_planner_models_both_residents_of_a_gpu():
     from rllib_spear.planning import format_plan
-    from rllib_spear.planning.colocate import VLLM_ASLEEP_GIB
+    from rllib_spear.planning.colocate import SYNC_DEVICE_BUCKETS, VLLM_ASLEEP_GIB
     from rllib_spear.planning.layouts import GIB
 
     cfg, p = _planned()
@@ -435,7 +435,7 @@ def test_planner_models_both_residents_of_a_gpu():
     assert c.engine.layout.gpu_memory_utilization == COLOCATED_GPU_MEMORY_UTILIZATION  # the colocated default
     assert c.training == p.learner.total + int(VLLM_ASLEEP_GIB * GIB)
     assert c.sampling == p.learner.persistent + p.learner.overhead + int(0.5 * 80 * GIB)
-    assert c.sync == p.learner.persistent + p.learner.overhead + c.engine.weights + 256 * 2**20
+    assert c.sync == p.learner.persistent + p.learner.overhead + c.engine.weights + SYNC_DEVICE_BUCKETS * 256 * 2**20
     assert c.host_bytes_per_node == 8 * c.engine.weights  # sleep level 1: one pinned copy per GPU
     assert "colocated GPU" in format_plan(p) and "sampling phase" in format_plan(p)
     _, p2 = _planned(resources={"colocate_sleep_level": 2})

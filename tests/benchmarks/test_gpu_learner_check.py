@@ -159,6 +159,9 @@ def test_cpu_smoke_figures(smoke):
     assert 1 <= cut["chosen_layers"] < cut["full_layers"] and cut["layers"] == cut["chosen_layers"]
     ws = by_stage["weight_sync"]
     assert ws["bf16_to_host"]["bytes"] * 2 == ws["fp32_to_host"]["bytes"] > 0
+    # the staged host path and the per-tensor copy of before, on the same buckets (CPU: unpinned)
+    assert ws["bf16_to_host_before"]["bytes"] == ws["bf16_to_host"]["bytes"] and ws["staging_speedup"] > 0
+    assert ws["staging_buffer"]["pinned"] is False and ws["host_copy_paths"]["host_staging"]["gb_per_s"] > 0
     eng = by_stage["hf_engine"]
     assert eng["generated_tokens"] > 0 and eng["logp_gap_max"] < 0.1
 

@@ -148,6 +148,10 @@ class GRPOConfig(AlgorithmConfigAdapter):
           and AdamW state, bf16 compute, fp32 gradient reduction);
         * ``cpu_offload``: fsdp only: the shards and the optimizer step live in CPU memory;
         * ``activation_checkpointing``: None = ``model_config["gradient_checkpointing"]``;
+        * ``packed_microbatches``: True runs the policy's body over the real tokens of each
+          micro-batch packed into one row (block-diagonal causal mask, no padding; docs/design.md
+          "Packed micro-batches"); the model's attention must be "sdpa", "eager" or
+          "flex_attention". Default False (padded rows);
         * ``gpu_memory_gb``: memory of one learner GPU; when set, ``validate()`` refuses a config
           whose memory plan (``rllib-spear plan``) does not fit, naming the knob to change;
         * ``weight_sync_transport``: how the weights reach the engines (docs/design.md "Weight

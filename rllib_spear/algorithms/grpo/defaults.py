@@ -117,6 +117,9 @@ LEARNER_DEFAULTS: dict[str, Any] = {
     "mixed_precision": None,  # None: compute in the weights' dtype; "bf16": bf16 compute, fp32 master
     "cpu_offload": False,  # fsdp only: sharded parameters, gradients and Adam state live in CPU memory
     "activation_checkpointing": None,  # None: model_config["gradient_checkpointing"]; True / False
+    # the body runs over the real tokens of a micro-batch packed into one row with a per-row
+    # causal mask, no padding (docs/design.md "Packed micro-batches"); False: padded rows
+    "packed_microbatches": False,
     "gpu_memory_gb": None,  # memory of one learner GPU; when set, validate() checks the plan fits
     # learner -> engine weight sync (docs/design.md "Weight streaming"): None = "vllm" for vLLM
     # engines, "object_store" for the HF engine; "vllm" (vLLM's own weight-transfer API, the

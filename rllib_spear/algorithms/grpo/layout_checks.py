@@ -26,6 +26,9 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
     if cfg.sharding == "fsdp" and cfg.grad_clip is not None and cfg.grad_clip_by != "global_norm":
         err("`sharding='fsdp'` clips by the global norm over all shards: set .training(grad_clip_by="
             f"'global_norm') (got {cfg.grad_clip_by!r})")
+    packed = getattr(cfg, "packed_microbatches", False)
+    if not isinstance(packed, bool):
+        err(f"`packed_microbatches` must be True or False (.learners(packed_microbatches=...)), got {packed!r}")
     if cfg.cpu_offload and cfg.sharding != "fsdp":
         err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
     cpus = getattr(cfg, "num_cpus_per_learner", "auto")

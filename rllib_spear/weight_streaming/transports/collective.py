@@ -2,6 +2,9 @@
 every remote runner, which receive and apply them bucket by bucket (docs/design.md "Weight
 streaming"; the group and its wire format: ``weight_streaming/collective.py``).
 
+Rank 0 packs each bucket into its reused host staging buffer (``weight_streaming/staging.py``:
+on the device, then one copy to pinned memory) and broadcasts it before packing the next.
+
 The group is formed at the first sync and again whenever its runners changed (a runner restarted
 after a failure is in no group). A group that breaks mid-sync hands that sync to the object store;
 the next one forms a new group with the healthy runners.
@@ -13,6 +16,7 @@ import uuid
 
 from ..buckets import iter_buckets
 from ..registry import register_transport
+from ..staging import HostStaging
 from ..transport import Placement, Transport, WeightReceiver, WeightSender
 
 __all__ = ["CollectiveTransport", "CollectiveSender", "CollectiveReceiver"]
@@ -26,6 +30,7 @@ class CollectiveSender(WeightSender):
     _group = None  # the formed WeightGroup (rank 0)
     _pending = None  # (group id, world size, store) between open_group and join_group
     _sent_bytes = 0
+    _staging: HostStaging | None = None  # the buckets' host buffer (rank 0), kept between syncs
 
     def open_group(self, group_id: str, world_size: int):
         """Step 1: rank 0 opens a TCP store on its node for a new group of ``world_size``
@@ -53,11 +58,12 @@ class CollectiveSender(WeightSender):
     def broadcast(self, bucket_bytes: int, engine_dtype: str | None = None):
         """Broadcast the weights bucket by bucket to the group (every rank takes part in the
         gathers under FSDP; rank 0 sends), wider floating tensors cast to ``engine_dtype``;
-        rank 0 returns (version, number of buckets)."""
+        rank 0 returns (version, number of buckets). Each bucket is packed into the reused host
+        staging buffer; the broadcast of one bucket has returned before the next is packed."""
         from ..collective import broadcast_buckets
 
         weights = self.weights
-        buckets = iter_buckets(weights.iter(engine_dtype=engine_dtype), bucket_bytes)
+        buckets = iter_buckets(weights.iter(engine_dtype=engine_dtype), bucket_bytes, pack=False)
         if weights.rank() != 0:
             for _ in buckets:
                 pass
@@ -65,12 +71,15 @@ class CollectiveSender(WeightSender):
         if self._group is None:
             raise RuntimeError("CollectiveSender.broadcast: no weight group (open_group / join_group)")
         version = weights.version()
+        if self._staging is None:
+            self._staging = HostStaging()
+        staging = self._staging
 
         def counted():
             self._sent_bytes = 0
             for b in buckets:
                 self._sent_bytes += b.meta.nbytes
-                yield b
+                yield staging.pack(b)
                 del b  # one bucket held at a time, as broadcast_buckets does
 
         try:

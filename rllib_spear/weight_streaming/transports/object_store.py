@@ -5,7 +5,10 @@ The driver asks learner rank 0 for one bucket at a time (every rank takes part u
 hands each bucket's metadata and ref to every runner as soon as it is in the store, never a
 tensor; a runner applies bucket k in the background while the learner puts bucket k+1, and takes
 the new version only when every bucket arrived, in order. Buckets travel in the engines' weight
-dtype (fp32 master weights reach bf16 engines as half the bytes).
+dtype (fp32 master weights reach bf16 engines as half the bytes). CPU tensors go into the store
+straight from themselves; device tensors go through the sender's reused host staging buffer
+(``weight_streaming/staging.py``: packed on the device, one copy to pinned memory), which
+``ray.put`` copies out of before the next bucket is staged.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from ..buckets import iter_buckets
 from ..object_store import WeightManifest, put_bucket
 from ..receiver import BucketStream
 from ..registry import register_transport
+from ..staging import HostStaging, on_host
 from ..transport import Placement, Transport, WeightReceiver, WeightSender
 
 __all__ = ["ObjectStoreTransport", "ObjectStoreSender", "ObjectStoreReceiver"]
@@ -28,6 +32,7 @@ class ObjectStoreSender(WeightSender):
     _next = None  # the bucket the next call puts
     _manifest: WeightManifest | None = None  # the refs put so far (rank 0)
     _stream_bytes = 0  # bytes put for the last stream (in the wire dtype)
+    _staging: HostStaging | None = None  # device buckets' host buffer (rank 0), kept between syncs
 
     def put_next(self, bucket_bytes: int, start: bool = False, engine_dtype: str | None = None):
         """One bucket per call, so that the driver can forward each bucket to the runners while
@@ -42,8 +47,9 @@ class ObjectStoreSender(WeightSender):
         if not sender and not weights.is_sharded:
             return None  # nothing to gather: rank 0 alone walks its weights
         if start:
-            # unpacked: ray.put serialises each tensor straight into the store (one copy); the
-            # other ranks cut the same buckets from placeholders, one gathered bucket per call
+            # unpacked: ray.put serialises each CPU tensor straight into the store (one copy) and
+            # device buckets are staged only when put (_to_host); the other ranks cut the same
+            # buckets from placeholders, one gathered bucket per call
             self._stream = iter_buckets(weights.iter(placeholders=True, engine_dtype=engine_dtype), bucket_bytes,
                                         pack=False)
             self._stream_bytes = 0
@@ -59,7 +65,7 @@ class ObjectStoreSender(WeightSender):
                 raise RuntimeError("ObjectStoreSender.put_next: no weight stream in progress; call it with start=True")
             return None  # e.g. LoRA: the merge gathered everything at the start; rank 0 holds it
         bucket, self._next = self._next, None
-        ref = put_bucket(bucket) if sender else None
+        ref = put_bucket(self._to_host(bucket)) if sender else None
         meta = bucket.meta
         del bucket  # its tensors (gathered ones under FSDP) go before the next bucket's come
         self._next = next(stream, None)  # look ahead one bucket to know the last
@@ -73,6 +79,16 @@ class ObjectStoreSender(WeightSender):
         man.refs.append(ref)
         self._stream_bytes += meta.nbytes
         return man.version, meta, ref, last
+
+    def _to_host(self, bucket):
+        """The bucket as ``put_bucket`` reads it: CPU tensors as they are (``ray.put`` copies them
+        into the store, one copy), device tensors staged in the host buffer (``ray.put`` has
+        copied them out of it when it returns, before the next bucket reuses it)."""
+        if on_host(bucket):
+            return bucket
+        if self._staging is None:
+            self._staging = HostStaging()
+        return self._staging.pack(bucket)
 
     def release(self) -> None:
         """Drop the refs of the last stream (the objects are freed once no runner or driver

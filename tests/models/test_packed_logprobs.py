@@ -1,0 +1,177 @@
+"""Packed scoring (``token_logprobs(packed=True)``, models/packing.py) equals the padded one.
+
+A tiny random Qwen2 in float32 scores ragged rows (left- or right-padded, one row of a single
+token) with score masks that skip the prompt and an observation segment: the packed log-probs,
+entropies and the gradient of every parameter equal the padded ones within 1e-5. Two checks
+that the equality comes from the block-diagonal mask transformers builds from the restarting
+positions: without those positions, or with transformers' packed-sequence detection switched
+off, the numbers differ (cross-row attention leaks)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from rllib_spear.models import packing
+from rllib_spear.models.logprobs import token_logprobs
+
+LENGTHS = (23, 17, 1, 9, 12)  # real tokens per row; one row of a single token
+T = 24
+
+
+def _load(tiny_path, attn):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation=attn)
+
+
+@pytest.fixture(scope="module", params=["sdpa", "eager"])
+def model(request, tiny_path):
+    return _load(tiny_path, request.param)
+
+
+def _batch(vocab: int, side: str, seed: int = 0):
+    """ids, attention mask, score mask [B, T]: the score mask skips each row's first 4 real
+    tokens (the prompt) and real tokens 8..10 (an observation), as a learner's loss mask does."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (len(LENGTHS), T), generator=g)
+    mask = torch.zeros_like(ids)
+    score = torch.zeros_like(ids, dtype=torch.bool)
+    for b, L in enumerate(LENGTHS):
+        cols = torch.arange(T - L, T) if side == "left" else torch.arange(L)
+        mask[b, cols] = 1
+        k = torch.arange(L)
+        score[b, cols] = (k >= 4) & ~((k >= 8) & (k <= 10))
+    ids = ids.masked_fill(mask == 0, 0)  # the pad id
+    return ids, mask, score
+
+
+def _grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _score(model, ids, mask, score, w, *, packed, **kw):
+    model.zero_grad()
+    lp, ent = token_logprobs(model, ids, mask, score_mask=score, return_entropy=True, packed=packed, **kw)
+    ((lp * w).sum() + 0.3 * (ent * w).sum()).backward()
+    out = (lp.detach(), ent.detach(), _grads(model))
+    model.zero_grad()
+    return out
+
+
+# ---------------------------------------------------------------------------- the tensor helpers
+def test_pack_rows_restarts_positions_and_unpack_inverts_it():
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 0, 0, 0], [4, 0, 0, 0, 0]])
+    mask = (ids > 0).long()
+    rows = packing.pack_rows(ids, mask)
+    assert rows.input_ids.tolist() == [[5, 6, 7, 8, 9, 4]]
+    assert rows.position_ids.tolist() == [[0, 1, 2, 0, 1, 0]]
+    assert rows.num_tokens == 6
+    back = packing.unpack_rows(rows.input_ids.unsqueeze(-1).float(), rows.real)
+    assert back.shape == (3, 5, 1)
+    assert torch.equal(back[..., 0].long(), ids)
+    with pytest.raises(ValueError, match="one packed row"):
+        packing.unpack_rows(torch.zeros(1, 5, 2), rows.real)
+
+
+# ---------------------------------------------------------------------------- packed == padded
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_packed_equals_padded_values_and_gradients(model, side):
+    ids, mask, score = _batch(model.config.vocab_size, side)
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(1))
+    lp, ent, g = _score(model, ids, mask, score, w, packed=False, chunk_size=3)
+    lp_p, ent_p, g_p = _score(model, ids, mask, score, w, packed=True, chunk_size=3)
+    assert int((lp != 0).sum()) == int(score.sum())  # every scored position holds a log-prob
+    torch.testing.assert_close(lp_p, lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent_p, ent, atol=1e-5, rtol=0)
+    assert g_p.keys() == g.keys() == {n for n, _ in model.named_parameters()}
+    for n in g:
+        torch.testing.assert_close(g_p[n], g[n], atol=1e-5, rtol=0, msg=n)
+
+
+def test_packed_entropy_sample_and_no_grad_scoring_equal_padded(model):
+    """The learner's other two calls: the entropy metric's detached sample, and logp_old under
+    no_grad (a sample off the scored positions takes its own head pass)."""
+    ids, mask, score = _batch(model.config.vocab_size, "right", seed=2)
+    sample = torch.zeros_like(score)
+    sample[:, ::3] = True
+    with torch.no_grad():
+        for kw in (dict(entropy_mask=sample & score), dict(entropy_mask=sample)):
+            lp, ent = token_logprobs(model, ids, mask, score_mask=score, **kw)
+            lp_p, ent_p = token_logprobs(model, ids, mask, score_mask=score, packed=True, **kw)
+            torch.testing.assert_close(lp_p, lp, atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent_p, ent, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- the mask is real
+def _max_diff_to_padded(model, side="right") -> float:
+    ids, mask, score = _batch(model.config.vocab_size, side)
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, score_mask=score)
+        lp_p = token_logprobs(model, ids, mask, score_mask=score, packed=True)
+    return float((lp_p - lp).abs().max())
+
+
+def test_packing_without_restarting_positions_leaks(model, monkeypatch):
+    """One position range over the whole packed row: transformers sees one document, rows attend
+    to the rows before them (and RoPE shifts), and the log-probs move."""
+    assert _max_diff_to_padded(model) < 1e-5
+    real_pack = packing.pack_rows
+
+    def one_document(input_ids, attention_mask):
+        rows = real_pack(input_ids, attention_mask)
+        return packing.PackedRows(rows.input_ids, torch.arange(rows.num_tokens).unsqueeze(0), rows.real)
+
+    monkeypatch.setattr(packing, "pack_rows", one_document)
+    assert _max_diff_to_padded(model) > 1e-2
+
+
+def test_the_block_diagonal_mask_comes_from_transformers(model, monkeypatch):
+    """Right positions, but transformers' packed-sequence detection switched off: a plain causal
+    mask over the packed row lets later rows attend to earlier ones, and the log-probs move. So
+    the equality above is the document mask's, not a coincidence of the positions."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+    assert _max_diff_to_padded(model) > 1e-2
+
+
+@pytest.mark.slow
+def test_flex_attention_packed_forward_equals_padded_sdpa(tiny_path):
+    """flex_attention (a BlockMask from the packed positions; CPU: forward only, torch has no
+    CPU backward for it, and its first call compiles for about half a minute)."""
+    flex, sdpa = _load(tiny_path, "flex_attention"), _load(tiny_path, "sdpa")
+    ids, mask, score = _batch(sdpa.config.vocab_size, "left")
+    with torch.no_grad():
+        lp = token_logprobs(sdpa, ids, mask, score_mask=score)
+        lp_p = token_logprobs(flex, ids, mask, score_mask=score, packed=True)
+    torch.testing.assert_close(lp_p, lp, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- refusals
+class _Body(nn.Module):
+    pass
+
+
+def _fake_lm(attn: str) -> nn.Module:
+    lm = nn.Module()
+    lm.config = types.SimpleNamespace(_attn_implementation=attn)
+    lm.base_model_prefix = "model"
+    lm.model = _Body()
+    return lm
+
+
+def test_check_packable_refuses_other_attention_and_custom_masks(model):
+    packing.check_packable(model)
+    with pytest.raises(ValueError, match=r"packed_microbatches.*'flash_attention_2'"):
+        packing.check_packable(_fake_lm("flash_attention_2"))
+    with pytest.raises(ValueError, match=r"packed_microbatches.*create_causal_mask.*_Body"):
+        packing.check_packable(_fake_lm("sdpa"))
+
+
+def test_packed_scoring_refuses_explicit_positions(model):
+    ids, mask, _ = _batch(model.config.vocab_size, "right")
+    with pytest.raises(ValueError, match="position_ids=None"):
+        token_logprobs(model, ids, mask, packed=True, position_ids=torch.zeros_like(ids))
