@@ -417,8 +417,8 @@ def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
     loss = PolicyLossConfig(clip_ratio_low=0.2, clip_ratio_high=0.28, loss_mode="clip_cov",
                             loss_agg_mode="seq-mean-token-sum-norm").validate()
     update = LocalUpdate(model, optimizer, loss_config=loss, device=dev, grad_clip=1.0,
-                         settings=UpdateSettings(micro_batch_token_budget=a.budget, entropy_metric_tokens=1024),
-                         packed_microbatches=a.packed)
+                         settings=UpdateSettings(micro_batch_token_budget=a.budget, entropy_metric_tokens=1024,
+                                                 packed_microbatches=a.packed))
     batch = _batch(a, shape.vocab, rows=a.rows, seq=a.seq)
     build_s = time.perf_counter() - t0
     _reset_peak(dev)
@@ -781,7 +781,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=int, default=None, help="micro_batch_token_budget (GPU 16384, smoke 64)")
     ap.add_argument("--steps", type=int, default=None, help="timed updates after the warm-up (GPU 3, smoke 1)")
     ap.add_argument("--packed", action="store_true",
-                    help="training stages: packed micro-batches (LocalUpdate(packed_microbatches=True))")
+                    help="training stages: packed micro-batches (UpdateSettings(packed_microbatches=True): real-token budgets)")
     ap.add_argument("--attn-implementation", default=None,
                     help="training stages: the model's attention (sdpa, flex_attention, eager; default: "
                          "transformers' sdpa). flex_attention has no CPU backward: GPU only")

@@ -87,8 +87,10 @@ class UpdateSettings:
 
     def __init__(self, *, micro_batch_token_budget: int, entropy_coeff: float = 0.0,
                  entropy_metric_tokens: int = 1024, tis: bool = False,
-                 recompute_old_logprobs: bool = False) -> None:
+                 recompute_old_logprobs: bool = False, packed_microbatches: bool = False) -> None:
         self.budget = int(micro_batch_token_budget)
+        # packed micro-batches: the budget counts real tokens (microbatching.token_budget_microbatches)
+        self.packed = bool(packed_microbatches)
         self.entropy_always = float(entropy_coeff or 0.0) > 0
         self.metric_tokens = int(entropy_metric_tokens)
         self.tis = bool(tis)
@@ -100,7 +102,8 @@ class UpdateSettings:
                    entropy_coeff=float(getattr(config, "entropy_coeff", 0.0) or 0.0),
                    entropy_metric_tokens=int(getattr(config, "entropy_metric_tokens", 1024)),
                    tis=bool(config.policy_loss_config().tis_cap),
-                   recompute_old_logprobs=bool(getattr(config, "recompute_old_logprobs", False)))
+                   recompute_old_logprobs=bool(getattr(config, "recompute_old_logprobs", False)),
+                   packed_microbatches=bool(getattr(config, "packed_microbatches", False)))
 
 
 @dataclass
@@ -181,7 +184,8 @@ class UpdateCore:
         out = data["old_logp"].clone()
         on_policy = torch.nonzero(data["is_replay"] == 0).flatten()
         parts = [on_policy[p] for p in token_budget_microbatches(data["attention_mask"][on_policy],
-                                                                 self.settings.budget)]
+                                                                 self.settings.budget,
+                                                                 packed=self.settings.packed)]
         # FSDP: every rank runs the same number of forwards (the others score a dummy row).
         parts = parts + [None] * (self.ranks.max(len(parts)) - len(parts))
         with torch.no_grad(), self.compute_context():
@@ -202,7 +206,7 @@ class UpdateCore:
         sample, engine mismatch)."""
         settings, metrics = self.settings, result.metrics
         rows = torch.nonzero(data["minibatch_id"].long() == mb).flatten()
-        micro = token_budget_microbatches(data["attention_mask"][rows], settings.budget)
+        micro = token_budget_microbatches(data["attention_mask"][rows], settings.budget, packed=settings.packed)
         # A learner without rows of this mini-batch joins the collectives with dummy rows;
         # under FSDP every forward is a collective, so every rank runs as many micro-batches.
         n_micro = self.ranks.max(max(len(micro), 1))
@@ -308,8 +312,8 @@ class LocalUpdate:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  loss_config: PolicyLossConfig | Callable[[bool], PolicyLossConfig],
                  settings: UpdateSettings, device: torch.device | str, temperature: float = 1.0,
-                 chunk_size: int | None = None, packed_microbatches: bool = False,
-                 grad_clip: float | None = None, num_learners: int = 1, seed: int = 0,
+                 chunk_size: int | None = None, grad_clip: float | None = None,
+                 num_learners: int = 1, seed: int = 0,
                  compute_context: Callable[[], ContextManager] = contextlib.nullcontext,
                  max_consecutive_skipped_steps: int | None = None) -> None:
         self.model = model
@@ -317,7 +321,6 @@ class LocalUpdate:
         self.device = torch.device(device)
         self.temperature = float(temperature)
         self.chunk_size = chunk_size
-        self.packed_microbatches = bool(packed_microbatches)  # the learner's knob of that name
         self.guard = StepGuard(max_consecutive_skipped_steps)  # skipped steps, over every update
         self.grad_norms: list[float] = []  # each applied step's of the last update
         self.core = UpdateCore(
@@ -340,7 +343,7 @@ class LocalUpdate:
         from ..models.hf_policy import score_batch
 
         return score_batch(self.model, batch, device=self.device, temperature=self.temperature,
-                           chunk_size=self.chunk_size, packed=self.packed_microbatches)
+                           chunk_size=self.chunk_size, packed=self.core.settings.packed)
 
     def update(self, data: Mapping[str, Any]) -> dict[str, float]:
         """One learner update on ``data`` (a learner batch, ``recipe.batching``; numpy arrays

@@ -36,11 +36,15 @@ def epoch_view(data: dict, epoch: int) -> dict:
     return out
 
 
-def token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list[torch.Tensor]:
-    """Rows packed into parts with ``len(part) x longest row of the part <= budget``.
+def token_budget_microbatches(attention_mask: torch.Tensor, budget: int, *,
+                              packed: bool = False) -> list[torch.Tensor]:
+    """Rows grouped into parts with ``len(part) x longest row of the part <= budget`` (padded
+    micro-batches), or ``sum of the part's real tokens <= budget`` with ``packed`` (the learner's
+    ``packed_microbatches``: the body runs over the real tokens only, ``models.packing``, so a
+    part is filled up to the budget whatever its lengths).
 
-    Rows are taken longest first, so that each part holds rows of similar length: a part is
-    padded to its longest row, and mixing a 400-token trajectory with 60-token guesses pays
+    Rows are taken longest first, so that each part holds rows of similar length: a padded part
+    is padded to its longest row, and mixing a 400-token trajectory with 60-token guesses pays
     the padding on every short row (a third of the learner's FLOPs in the search task). The
     order of rows does not change the accumulated gradient (the loss uses global normalizers).
     A single row longer than the budget forms its own part (it cannot be split). Each part is a
@@ -50,15 +54,16 @@ def token_budget_microbatches(attention_mask: torch.Tensor, budget: int) -> list
     order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
     parts: list[list[int]] = []
     cur: list[int] = []
-    cur_max = 0
+    cur_max = cur_sum = 0
     for i in order:
         L = int(lengths[i])
         new_max = max(cur_max, L)
-        if cur and new_max * (len(cur) + 1) > budget:
+        cost = cur_sum + L if packed else new_max * (len(cur) + 1)
+        if cur and cost > budget:
             parts.append(cur)
-            cur, new_max = [], L
+            cur, new_max, cur_sum = [], L, 0
         cur.append(i)
-        cur_max = new_max
+        cur_max, cur_sum = new_max, cur_sum + L
     if cur:
         parts.append(cur)
     return [torch.tensor(sorted(p), dtype=torch.long) for p in parts]

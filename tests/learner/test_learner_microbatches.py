@@ -39,6 +39,22 @@ def test_every_row_once_and_budget_respected():
         assert len(p) == 1 or max(lengths[i] for i in p.tolist()) * len(p) <= 2048
 
 
+def test_packed_parts_count_real_tokens():
+    # packed_microbatches: a part costs the sum of its rows' real tokens, not rows x longest.
+    # lengths 10 50 12 48 30, budget 100, longest first: 50 + 48 = 98 | + 30 > 100: 30 + 12 + 10 = 52
+    mask = _mask([10, 50, 12, 48, 30])
+    assert [p.tolist() for p in _token_budget_microbatches(mask, 100, packed=True)] == [[1, 3], [0, 2, 4]]
+    # budget 60: 50 | 48 | 30 + 12 + 10 = 52 (padded: 30 x 3 = 90 > 60, so 30, 12 -> 2 x 30 | 10: four parts)
+    assert [p.tolist() for p in _token_budget_microbatches(mask, 60, packed=True)] == [[1], [3], [0, 2, 4]]
+    assert [p.tolist() for p in _token_budget_microbatches(mask, 60)] == [[1], [3], [2, 4], [0]]
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(5, 300, (64,), generator=g).tolist()
+    parts = _token_budget_microbatches(_mask(lengths), 2048, packed=True)
+    assert sorted(i for p in parts for i in p.tolist()) == list(range(64))
+    assert all(sum(lengths[i] for i in p.tolist()) <= 2048 for p in parts)
+    assert len(parts) < len(_token_budget_microbatches(_mask(lengths), 2048))  # fuller parts
+
+
 def test_row_longer_than_budget_is_its_own_part():
     parts = _token_budget_microbatches(_mask([500, 20, 30]), 100)
     assert [p.tolist() for p in parts] == [[0], [1, 2]]

@@ -78,8 +78,8 @@ def test_local_update_packed_equals_padded(path, training):
         opt = build_adamw([p for p in model.parameters()], lr=config.lr, betas=tuple(config.adam_betas),
                           weight_decay=config.weight_decay)
         update = LocalUpdate(model, opt, loss_config=lambda replay: config.policy_loss_config(replay=replay),
-                             settings=UpdateSettings.of(config), device="cpu", grad_clip=config.grad_clip,
-                             seed=0, packed_microbatches=packed)
+                             settings=UpdateSettings.of(config.copy(copy_frozen=False).learners(
+                                 packed_microbatches=packed)), device="cpu", grad_clip=config.grad_clip, seed=0)
         out[packed] = update.update(_batch())
         weights[packed] = update.grad_norms, model.state_dict()
     assert out[True]["num_optimizer_steps"] == 6
