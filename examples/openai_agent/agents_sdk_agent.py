@@ -1,4 +1,5 @@
-"""The same calculator agent written with the OpenAI Agents SDK (``pip install openai-agents``),
+"""The same calculator agent written with the OpenAI Agents SDK (``pip install openai-agents``; the
+``test`` extra installs it and tests/examples/test_openai_agent_examples.py trains it in CI),
 trained unchanged through the env runner's OpenAI endpoint.
 
 Run it (CPU; the tiny embedded model with ``--model tiny``)::

@@ -42,10 +42,10 @@ SMOLLM2_TOOLS_RECIPE = dict(
     v=1,
 )
 
-#: Wall time of a build of the default recipe on 2 idle CPU cores: 40 SFT steps of 19-21 s. The
-#: measured build (2026-12-05) took 44 min of wall time with other jobs on the same 2 cores (31 min
-#: of CPU time); benchmarks/smollm2_tools_coldstart.py.
-SMOLLM2_TOOLS_BUILD_MINUTES = 15
+#: Wall time of a build of the default recipe on 2 CPU cores: 40 SFT steps. Measured 2026-12-05 on a
+#: fresh clone with an empty cache, 2 quiet cores: 530 s (the README snippet's first run; the
+#: weights were bitwise those of an earlier build that took 44 min on cores shared with other jobs).
+SMOLLM2_TOOLS_BUILD_MINUTES = 10
 # Measured on this recipe (benchmarks/smollm2_tools_coldstart.py, temperature 1, 64 new tokens a
 # turn): tool-call rate 0.729 / answer rate 0.979 / success 0.479 on 48 episodes of held-out
 # synthetic tools; 0.917 / 1.000 / 0.604 on a calculator (add, multiply, subtract); 1.000 /

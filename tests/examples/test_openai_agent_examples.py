@@ -1,6 +1,6 @@
 """examples/openai_agent: the plain ``openai``-client calculator agent trains for 2 iterations on
-the tiny model through ``rollout_mode="agent_program"``; the OpenAI Agents SDK version too when
-``openai-agents`` is installed (skipped otherwise)."""
+the tiny model through ``rollout_mode="agent_program"``; so does the OpenAI Agents SDK version
+(``openai-agents`` is in the ``test`` extra, so CI runs it; skipped where it is not installed)."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """The README's "Your own environment, tools and rewards" snippet: self-contained, and run as
 written but for its loop count (one iteration instead of five) in a fresh process, on the model it
-names (``"smollm2-tools"``: on a fresh machine this test builds it, ~15 min on 2 cores).
+names (``"smollm2-tools"``: on a fresh machine this test builds it, ~10 min on 2 cores).
 
 What the run must show is what makes the snippet useful to a new user: the model calls the
 environment's tool (a tool-call rate of at least one half; SmolLM2-135M-Instruct, which answers in
