@@ -71,7 +71,7 @@ def train(model: str, iterations: int = 2, **kwargs: Any) -> list[dict]:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-instruct", help="smollm2-instruct | tiny | a model folder")
+    ap.add_argument("--model", default="smollm2-tools", help="smollm2-tools | smollm2-instruct | tiny | a model folder")
     ap.add_argument("--iterations", type=int, default=2)
     args = ap.parse_args()
     model = args.model

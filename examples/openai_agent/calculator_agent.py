@@ -1,7 +1,8 @@
 """Train the agent you already have: a plain ``openai``-client agent with a calculator tool,
 trained with GRPO through the env runner's OpenAI endpoint (docs/design.md "The OpenAI endpoint").
 
-Run it (CPU; SmolLM2-135M-Instruct by default, the tiny embedded model with ``--model tiny``)::
+Run it (CPU; the SmolLM2 tool-use cold start ``"smollm2-tools"`` by default, built on first use in
+about 10 minutes; the tiny embedded model with ``--model tiny``)::
 
     python examples/openai_agent/calculator_agent.py --iterations 3
     python examples/openai_agent/calculator_agent.py --model tiny --iterations 2
@@ -18,8 +19,11 @@ What it shows:
   sampled in every call (the tool results in between are context, not trained).
 * SmolLM2's chat template does not render tools, so the endpoint writes them into the system
   message in the Hermes format (as Qwen2.5's template does) and reads ``<tool_call>`` blocks of
-  the replies back as ``tool_calls``. An untrained 135M model rarely calls the tool: the point is
-  the plumbing (a tool-calling cold start, or a larger model, makes it learn).
+  the replies back as ``tool_calls``. SmolLM2-135M-Instruct itself (``--model smollm2-instruct``)
+  never calls the tool (reward 0: plumbing only); ``"smollm2-tools"`` calls it 1.6-1.9 times an
+  episode and got reward 0.000 / 0.125 / 0.000 / 0.250 over 4 iterations of 8 episodes
+  (2026-12-05, ``--iterations 4``, 2 shared cores, 50-97 s an iteration): a signal to start from,
+  not yet a trend at this batch size.
 """
 from __future__ import annotations
 
@@ -91,7 +95,7 @@ def tasks(n: int = 16, seed: int = 0) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- training
-def config(model: str = "smollm2-instruct", *, num_env_runners: int = 1, group_size: int = 4,
+def config(model: str = "smollm2-tools", *, num_env_runners: int = 1, group_size: int = 4,
            tasks_per_iteration: int = 2) -> Any:
     from rllib_spear import GRPOConfig
 
@@ -106,7 +110,7 @@ def config(model: str = "smollm2-instruct", *, num_env_runners: int = 1, group_s
             .debugging(seed=0))
 
 
-def train(model: str = "smollm2-instruct", iterations: int = 3, **kwargs: Any) -> list[dict]:
+def train(model: str = "smollm2-tools", iterations: int = 3, **kwargs: Any) -> list[dict]:
     """Build the algorithm, train ``iterations`` iterations, print one line each; the results."""
     algo = config(model, **kwargs).build_algo()
     results = []
@@ -125,7 +129,7 @@ def train(model: str = "smollm2-instruct", iterations: int = 3, **kwargs: Any) -
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2-instruct", help="smollm2-instruct | tiny | embedded | a model folder")
+    ap.add_argument("--model", default="smollm2-tools", help="smollm2-tools | smollm2-instruct | tiny | a model folder")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--num-env-runners", type=int, default=1)
     args = ap.parse_args()
