@@ -5,6 +5,9 @@ Install TRL (a benchmark dependency only, never one of the library)::
 
     .venv/bin/pip install -e ".[bench-trl]"      # trl==1.16.0 (+ datasets), torch/transformers kept
 
+(the ``test`` extra installs it too, so that CI runs the ``--quick`` form:
+tests/benchmarks/test_vs_trl.py).
+
 Run::
 
     .venv/bin/python benchmarks/vs_trl.py             # both models, 3 alternations x 3 timed steps
@@ -137,7 +140,7 @@ def reward_of(text: str) -> float:
 @dataclass
 class Step:
     step_s: float
-    gen_s: float  # generation (TRL: ``_generate``; ours: ``GRPO.sample``)
+    gen_s: float  # generation (TRL: ``_generate``; ours: ``GRPO.next_batch``, the pipeline's batch)
     update_s: float  # ours: ``GRPO.update_learners``; TRL: not separable, = step_s - gen_s
     generated: int  # completion tokens
     trained: int  # prompt + completion tokens of the update
@@ -208,13 +211,13 @@ class Ours:
         self.algo = self.config.build_algo()
         self.rows: list = []
         self._gen_s = self._train_s = 0.0
-        sample, update = self.algo.sample, self.algo.update_learners
+        next_batch, update = self.algo.next_batch, self.algo.update_learners
 
         # Timed on the instance (the same clock as TRL's side); the last update's rows are kept
         # for the bare-torch reference.
-        def timed_sample(*a, **kw):
+        def timed_next_batch(*a, **kw):  # the rollout pipeline's batch (sampling, rewards, filters)
             t0 = CLOCK()
-            out = sample(*a, **kw)
+            out = next_batch(*a, **kw)
             self._gen_s += CLOCK() - t0
             return out
 
@@ -225,7 +228,7 @@ class Ours:
             self._train_s += CLOCK() - t0
             return out
 
-        self.algo.sample, self.algo.update_learners = timed_sample, timed_update
+        self.algo.next_batch, self.algo.update_learners = timed_next_batch, timed_update
 
     def step(self) -> Step:
         self._gen_s = self._train_s = 0.0
