@@ -7,7 +7,7 @@ scripts/ and README.md:
   research notes folder, the feasibility notes (the lower-case docs/algorithms.md and
   docs/design.md are the in-repo documents to cite instead);
 - every numbered citation of docs/algorithms.md names a section that is a heading there, and every
-  ``algorithms.md`` or ``design.md`` link with a ``#`` fragment names a heading of that file.
+  link to a document under docs/ with a ``#`` fragment names a heading of that file.
 
 The patterns are assembled from pieces so that this file does not cite what it forbids.
 """
@@ -41,7 +41,9 @@ CITATION = re.compile(
     r"docs/algorithms" + _MD + r",?\s+(?:sections?\s+)?"
     + rf"({_NUM}(?:\s*(?:-|–|,|and)\s*{_NUM})*)"
 )
-ANCHOR_LINK = re.compile(r"\b(algorithms|design)" + _MD + r"#([A-Za-z0-9_\-]+)")
+# every document under docs/: a link into any of them with a #fragment must name one of its headings
+DOC_NAMES = sorted(p.stem for p in (ROOT / "docs").glob("*.md"))
+ANCHOR_LINK = re.compile(r"\b(" + "|".join(map(re.escape, DOC_NAMES)) + ")" + _MD + r"#([A-Za-z0-9_\-]+)")
 
 
 def _tracked_files() -> list[Path]:
@@ -159,8 +161,7 @@ def test_algorithms_md_citations_name_existing_sections():
 
 
 def test_doc_anchor_links_resolve():
-    anchors = {name: _github_anchors(_headings(ROOT / "docs" / f"{name}.md"))
-               for name in ("algorithms", "design")}
+    anchors = {name: _github_anchors(_headings(ROOT / "docs" / f"{name}.md")) for name in DOC_NAMES}
     bad = []
     for path in _tracked_files():
         text = _text(path)
