@@ -14,7 +14,7 @@ from typing import Iterable, Iterator
 import torch
 
 __all__ = ["TensorSpec", "BucketMeta", "Bucket", "iter_buckets", "pack_bucket", "unpack_bucket",
-           "bucket_meta", "as_bytes", "dtype_from_name"]
+           "bucket_meta", "as_bytes", "fill_buffers", "dtype_from_name"]
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -92,13 +92,22 @@ def bucket_meta(index: int, items: list[tuple[str, torch.Tensor]]) -> BucketMeta
     return meta
 
 
-def pack_bucket(index: int, items: list[tuple[str, torch.Tensor]]) -> Bucket:
-    """One contiguous byte buffer per dtype holding ``items``' tensors back to back."""
-    meta = bucket_meta(index, items)
-    buffers = {dt: torch.empty(n, dtype=torch.uint8) for dt, n in meta.buffer_bytes.items()}
+def fill_buffers(buffers: dict[str, torch.Tensor], meta: BucketMeta,
+                 items: list[tuple[str, torch.Tensor]]) -> None:
+    """Copy each of ``items``' tensors into its place (``meta``) in the per-dtype uint8
+    ``buffers``, on whatever device the buffers are (a tensor's bytes are read on its own
+    device, so device tensors fill a device buffer without a host round trip)."""
     for (_, t), spec in zip(items, meta.tensors):
         if spec.nbytes:
-            buffers[spec.dtype][spec.offset:spec.offset + spec.nbytes].copy_(as_bytes(t))
+            flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            buffers[spec.dtype][spec.offset:spec.offset + spec.nbytes].copy_(flat)
+
+
+def pack_bucket(index: int, items: list[tuple[str, torch.Tensor]]) -> Bucket:
+    """One contiguous host byte buffer per dtype holding ``items``' tensors back to back."""
+    meta = bucket_meta(index, items)
+    buffers = {dt: torch.empty(n, dtype=torch.uint8) for dt, n in meta.buffer_bytes.items()}
+    fill_buffers(buffers, meta, items)
     return Bucket(meta, buffers)
 
 

@@ -27,7 +27,7 @@ from typing import Iterable
 
 import torch
 
-from .buckets import Bucket, BucketMeta
+from .buckets import Bucket, BucketMeta, fill_buffers
 
 __all__ = ["HostStaging", "on_host", "pin_for", "section_offsets", "SECTION_ALIGN"]
 
@@ -63,11 +63,6 @@ def section_offsets(meta: BucketMeta) -> tuple[dict[str, int], int]:
 
 def _host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pin)
-
-
-def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s bytes as a flat uint8 tensor on its own device (a view when it is contiguous)."""
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 class HostStaging:
@@ -109,19 +104,18 @@ class HostStaging:
         host = self._reserve(nbytes, pin_for(devices))
         device = next((d for d in devices if d.type != "cpu"), None)
         if device is None:
-            self._fill(host, meta, offsets, bucket.items)
+            fill_buffers(_sections(host, meta, offsets), meta, bucket.items)
         else:
             # pack on the device (device bandwidth), then one copy to the host
             flat = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            self._fill(flat, meta, offsets, bucket.items)
+            fill_buffers(_sections(flat, meta, offsets), meta, bucket.items)
             if device.type == "cuda":
                 host.copy_(flat, non_blocking=True)
                 torch.cuda.current_stream(device).synchronize()  # the bytes are on the host from here
             else:
                 host.copy_(flat)
             del flat
-        buffers = {dt: host[off:off + meta.buffer_bytes[dt]] for dt, off in offsets.items()}
-        return Bucket(meta, buffers)
+        return Bucket(meta, _sections(host, meta, offsets))
 
     def release(self) -> None:
         """Free the host buffer (the next bucket allocates a new one)."""
@@ -137,10 +131,7 @@ class HostStaging:
             self._pinned = pin
         return self._buffer[:nbytes]
 
-    @staticmethod
-    def _fill(flat: torch.Tensor, meta: BucketMeta, offsets: dict[str, int], items) -> None:
-        """Copy each tensor's bytes to its place in ``flat`` (laid out by ``offsets``)."""
-        for (_, t), spec in zip(items, meta.tensors):
-            if spec.nbytes:
-                start = offsets[spec.dtype] + spec.offset
-                flat[start:start + spec.nbytes].copy_(_flat_bytes(t))
+
+def _sections(flat: torch.Tensor, meta: BucketMeta, offsets: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Each dtype's section of ``flat`` (laid out by ``offsets``, :func:`section_offsets`)."""
+    return {dt: flat[off:off + meta.buffer_bytes[dt]] for dt, off in offsets.items()}
