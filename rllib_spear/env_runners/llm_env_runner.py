@@ -111,7 +111,10 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
             backend = runner_transfer_backend(cfg)
             if backend is not None:  # transport "vllm": the engine gets vLLM's transfer engine
                 engine_kwargs.setdefault("weight_transfer_backend", backend)
-        for k, v in get_rollout_mode(cfg.rollout_mode).engine_defaults(cfg.engine).items():
+        # the agent loop (docs/design.md "The agent loop"): the registered mode rollout_mode names, or
+        # for "auto" the one it picks (GRPOConfig.effective_rollout_mode); one per runner
+        self.rollout_mode = cfg.effective_rollout_mode
+        for k, v in get_rollout_mode(self.rollout_mode).engine_defaults(cfg.engine, seeded=cfg.seed is not None).items():
             engine_kwargs.setdefault(k, v)  # e.g. "async": vLLM's async engine (requests join the running batch)
         self.engine = make_engine(cfg.engine, model_path, **engine_kwargs)
         # the weight sync's runner side: the engine's weights version and one receiver per transport
@@ -130,9 +133,8 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         if "max_turns" not in env_config and env.accepts("max_turns"):
             env_config["max_turns"] = cfg.max_turns
         env.make(env_config)  # fail here, naming the env, rather than in the first episode
-        # the agent loop (docs/design.md "The agent loop"): the registered rollout_mode, one per
-        # runner (rollout_modes.py); its env-step watchdog is one knob (docs/design.md "Fault
-        # tolerance"): step_timeout_s, or tool_timeout_s, its older async name
+        # the agent loop's env-step watchdog is one knob (docs/design.md "Fault tolerance"):
+        # step_timeout_s, or tool_timeout_s, its older async name
         step_timeout = resolve_step_timeout(getattr(cfg, "step_timeout_s", DEFAULT_STEP_TIMEOUT_S), cfg.tool_timeout_s)
         loop_kw = {"tool_concurrency": None if cfg.tool_concurrency is None else int(cfg.tool_concurrency),
                    "step_timeout_s": step_timeout}
@@ -141,12 +143,12 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         loop_kw["engine"] = with_generation_timeout(self.engine, gen_timeout, on_timeout=self._engine_hung)
         # the OpenAI endpoint (docs/design.md "The OpenAI endpoint"): with serve_openai, or for a mode
         # whose episodes are agent programs (handed the endpoint); stopped in stop()
-        mode = get_rollout_mode(cfg.rollout_mode)
+        mode = get_rollout_mode(self.rollout_mode)
         self.openai_endpoint = start_runner_endpoint(cfg, loop_kw["engine"], self.tokenizer, sampling, mode.serves_openai)
         if mode.serves_openai:
             loop_kw["endpoint"] = self.openai_endpoint
         self._rollout = make_rollout(
-            cfg.rollout_mode, **loop_kw,
+            self.rollout_mode, **loop_kw,
             tokenizer=self.tokenizer,
             env_factory=lambda: env.make(env_config),
             sampling=sampling,
@@ -166,7 +168,7 @@ class LLMEnvRunner(EnvRunner, Checkpointable):
         # Evaluation: its own rollout (own env pool and sampling parameters, same engine and
         # limits) and its own call counter, so that it changes nothing training samples with.
         self._eval_rollout = make_rollout(
-            cfg.rollout_mode, **loop_kw,
+            self.rollout_mode, **loop_kw,
             tokenizer=self.tokenizer, env_factory=self._rollout.env_factory,
             sampling=dataclasses.replace(self._rollout.sampling), config=self._rollout.config)
         self._eval_calls = 0

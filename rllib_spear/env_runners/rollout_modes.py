@@ -5,7 +5,10 @@ A rollout mode is how one LLMEnvRunner schedules its episodes: "turn_sync" (``Mu
 every episode's turn t in one engine batch, then every env step), "async"
 (``AsyncMultiTurnRollout``: every episode at its own pace on the agent loop) or "agent_program"
 (``AgentProgramRollout``: every episode runs the user's agent program against the runner's OpenAI
-endpoint, docs/design.md "The OpenAI endpoint"). The runner builds
+endpoint, docs/design.md "The OpenAI endpoint"). ``rollout_mode="auto"`` (the default) is not a
+mode but a choice among them, made by :func:`resolve_rollout_mode` from the config: the agent
+program's loop for an ``AgentProgramEnv``, the async loop for multi-turn episodes (or the "async"
+pipeline), the turn-synchronous one for single-turn episodes. The runner builds
 its training and evaluation rollouts with :func:`make_rollout`; ``GRPOConfig.validate()`` checks
 ``rollout_mode`` against :func:`rollout_mode_names`; the "async" pipeline asks for a mode that
 streams groups (:func:`streaming_rollout_modes`). A mode of your own::
@@ -29,8 +32,8 @@ from ..registry import Registry
 from .async_rollout import AsyncMultiTurnRollout
 from .rollout import DEFAULT_STEP_TIMEOUT_S, MultiTurnRollout
 
-__all__ = ["RolloutMode", "ROLLOUT_MODES", "register_rollout_mode", "get_rollout_mode", "rollout_mode_names",
-           "streaming_rollout_modes", "make_rollout", "TurnSyncMode", "AsyncMode", "AgentProgramMode"]
+__all__ = ["RolloutMode", "ROLLOUT_MODES", "AUTO", "register_rollout_mode", "get_rollout_mode", "rollout_mode_names",
+           "streaming_rollout_modes", "resolve_rollout_mode", "make_rollout", "TurnSyncMode", "AsyncMode", "AgentProgramMode"]
 
 
 class RolloutMode(ABC):
@@ -53,8 +56,9 @@ class RolloutMode(ABC):
         envs one batch at a time ignores it); ``rollout_kwargs``: ``MultiTurnRollout``'s
         arguments (engine, tokenizer, env_factory, sampling, config)."""
 
-    def engine_defaults(self, engine: str) -> dict[str, Any]:
-        """``engine_kwargs`` this mode needs of an ``engine`` ("hf" | "vllm") unless set."""
+    def engine_defaults(self, engine: str, *, seeded: bool = False) -> dict[str, Any]:
+        """``engine_kwargs`` this mode needs of an ``engine`` ("hf" | "vllm") unless set;
+        ``seeded``: the run has a fixed seed (``.debugging(seed=...)``) it must reproduce."""
         return {}
 
 
@@ -89,6 +93,33 @@ def streaming_rollout_modes() -> list[str]:
     return [n for n, cls in ROLLOUT_MODES.view().items() if cls.streams_groups]
 
 
+#: ``rollout_mode`` that picks a registered mode from the config (:func:`resolve_rollout_mode`)
+AUTO = "auto"
+
+
+def resolve_rollout_mode(name: str, *, max_turns: int, streams_groups: bool = False,
+                         runs_agent_program: bool = False) -> str:
+    """The registered mode that ``rollout_mode=name`` runs: ``name`` itself unless it is
+    ``"auto"``, which picks
+
+    - "agent_program" when the environment is an agent program (``runs_agent_program``): only
+      that loop can run one;
+    - "async" when an episode can take several turns (``max_turns > 1``) or the pipeline needs
+      groups streamed (``streams_groups``: ``rollout_pipeline="async"``): an episode waiting on its tool does not hold the
+      others' turns (5.7x the episodes/s of "turn_sync" under lognormal tool latency, 0.99x with
+      none: docs/benchmarks.md), and with a fixed seed each request samples from its own seed, so
+      the run is reproducible whatever the timing (docs/design.md "The agent loop");
+    - "turn_sync" otherwise: single-turn episodes have no tool wait to overlap, and one batch per
+      turn is the simplest schedule."""
+    if name != AUTO:
+        return name
+    if runs_agent_program:
+        return "agent_program"
+    if int(max_turns) > 1 or streams_groups:
+        return "async"
+    return "turn_sync"
+
+
 def make_rollout(mode: str, *, step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S,
                  tool_concurrency: int | None = None, **rollout_kwargs: Any) -> MultiTurnRollout:
     """The rollout of ``rollout_mode`` ``mode`` (see :meth:`RolloutMode.build`)."""
@@ -118,9 +149,14 @@ class AsyncMode(RolloutMode):
         return AsyncMultiTurnRollout(**rollout_kwargs, tool_concurrency=tool_concurrency,
                                      tool_timeout_s=step_timeout_s)
 
-    def engine_defaults(self, engine: str) -> dict[str, Any]:
-        # vLLM's async engine: each episode's request joins the running batch
-        return {"async_engine": True} if engine == "vllm" else {}
+    def engine_defaults(self, engine: str, *, seeded: bool = False) -> dict[str, Any]:
+        # vLLM's async engine: each episode's request joins the running batch. Which requests
+        # share a decode step depends on timing, so a seeded run seeds each request on its own
+        # (request_seed), as the HF engine's per-row streams do; unseeded runs skip vLLM's
+        # per-request generators (~4% of a zero-latency call on CPU, docs/design.md "The agent loop").
+        if engine != "vllm":
+            return {}
+        return {"async_engine": True, **({"per_request_seeds": True} if seeded else {})}
 
 
 @register_rollout_mode("agent_program")
@@ -139,6 +175,6 @@ class AgentProgramMode(RolloutMode):
 
         return AgentProgramRollout(**rollout_kwargs, tool_concurrency=tool_concurrency)
 
-    def engine_defaults(self, engine: str) -> dict[str, Any]:
-        # vLLM's async engine: the endpoint's requests join the running batch
-        return {"async_engine": True} if engine == "vllm" else {}
+    def engine_defaults(self, engine: str, *, seeded: bool = False) -> dict[str, Any]:
+        # as the async loop's: the endpoint's requests join the running batch, seeded one by one
+        return AsyncMode.engine_defaults(self, engine, seeded=seeded)

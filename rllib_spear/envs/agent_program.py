@@ -46,7 +46,7 @@ from ..core.episode import EpisodeStats
 from .base import StepResult, ToolEnv
 
 __all__ = ["AgentProgramEnv", "ProgramOutcome", "resolve_program", "is_async_program", "program_reward",
-           "DEFAULT_EPISODE_TIMEOUT_S"]
+           "is_agent_program_env", "DEFAULT_EPISODE_TIMEOUT_S"]
 
 #: Generous: a program that hangs (a dead tool, a loop that never ends) cannot stall a run.
 DEFAULT_EPISODE_TIMEOUT_S = 600.0
@@ -165,3 +165,16 @@ class AgentProgramEnv(ToolEnv):
                             format_ok=ok and o.malformed_tool_calls == 0, has_answer=ok,
                             extra={"model_calls": len(o.tool_calls_per_call), "program_error": o.error,
                                    "program_timed_out": o.timed_out})
+
+
+def is_agent_program_env(spec: Any) -> bool:
+    """Whether the env spec ``spec`` (a name, import path or class) builds an
+    :class:`AgentProgramEnv`; False for a factory or a spec that does not resolve (the config's
+    ``env`` check names that one)."""
+    from .registry import resolve_env
+
+    try:
+        cls = resolve_env(spec).env_cls
+    except Exception:  # noqa: BLE001 - an unresolvable env is reported by validate()'s env check
+        return False
+    return cls is not None and issubclass(cls, AgentProgramEnv)

@@ -19,7 +19,8 @@ __all__ = ["load_causal_lm", "score_batch"]
 
 def load_causal_lm(model_path: str | None = None, *, config: Any = None, dtype: str | torch.dtype = "float32",
                    lora: Mapping[str, Any] | None = None, gradient_checkpointing: bool = False,
-                   empty: bool = False, device: str | torch.device | None = None) -> torch.nn.Module:
+                   empty: bool = False, device: str | torch.device | None = None,
+                   attn_implementation: str | None = None) -> torch.nn.Module:
     """The HF causal LM of a policy, as the learner's module holds it.
 
     ``model_path``: a ``save_pretrained`` folder, read with ``from_pretrained``. ``config`` instead
@@ -29,21 +30,24 @@ def load_causal_lm(model_path: str | None = None, *, config: Any = None, dtype: 
     model is built (initialising billions of weights on a GPU takes seconds, on a CPU minutes).
     ``gradient_checkpointing``: non-reentrant activation checkpointing of the blocks (and no KV
     cache). ``lora``: ``peft.LoraConfig`` kwargs; the returned model is then the PEFT model,
-    whose adapters alone train."""
+    whose adapters alone train. ``attn_implementation``: transformers' attention kernel
+    ("sdpa", "eager", "flex_attention", ...; None: transformers' default, "sdpa" where it can),
+    e.g. "flex_attention" for packed micro-batches on a GPU (docs/design.md "Packed micro-batches")."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dt = torch_dtype(dtype)
+    attn = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if (model_path is None) == (config is None):
         raise ValueError("load_causal_lm needs exactly one of model_path and config")
     if empty:
         with torch.device("meta"):
             cfg = config if config is not None else AutoConfig.from_pretrained(model_path)
-            model = AutoModelForCausalLM.from_config(cfg, dtype=dt)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **attn)
     elif config is not None:
         with torch.device(device if device is not None else "cpu"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dt)
+            model = AutoModelForCausalLM.from_config(config, dtype=dt, **attn)
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dt)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dt, **attn)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

@@ -118,7 +118,7 @@ class HFCausalLMRLModule(TorchRLModule):
         # the meta device; rank 0's weights arrive after sharding.
         model = load_causal_lm(path, dtype=cfg.get("dtype", "float32"), lora=lora if self._is_lora else None,
                                gradient_checkpointing=bool(cfg.get("gradient_checkpointing")) and not self.inference_only,
-                               empty=_EMPTY_INIT.get())
+                               empty=_EMPTY_INIT.get(), attn_implementation=cfg.get("attn_implementation"))
         self._tied = bool(getattr(model.config, "tie_word_embeddings", False))
         self.model = model
 

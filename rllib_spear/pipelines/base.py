@@ -98,6 +98,9 @@ class RolloutPipeline(ABC):
     #: default, ``GRPOConfig.policy_loss_config``) and colocated engines cannot sleep during the
     #: update (``.resources(colocate=True)`` is refused).
     overlaps_update: ClassVar[bool] = False
+    #: whether it takes groups as they finish from a rollout that streams them (a rollout_mode
+    #: with ``streams_groups``); ``rollout_mode="auto"`` then picks the async agent loop
+    needs_streamed_groups: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

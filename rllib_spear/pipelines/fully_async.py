@@ -117,6 +117,7 @@ class AsyncPipeline(RolloutPipeline):
     """The driver's bookkeeping of fully asynchronous sampling (see the module doc)."""
 
     overlaps_update = True
+    needs_streamed_groups = True
 
     def __init__(self, max_policy_lag: int, tasks_per_iteration: int, group_size: int, *,
                  poll_s: float = 0.5) -> None:
@@ -139,8 +140,8 @@ class AsyncPipeline(RolloutPipeline):
     def config_problems(cls, config: Any) -> list[str]:
         problems = []
         streaming = streaming_rollout_modes()
-        if config.rollout_mode not in streaming:
-            loops = " or ".join(f".env_runners(rollout_mode={n!r})" for n in streaming)
+        if config.effective_rollout_mode not in streaming:
+            loops = " or ".join(f".env_runners(rollout_mode={n!r})" for n in ["auto", *streaming])
             problems.append(
                 "`rollout_pipeline='async'` samples every episode at its own pace while the learners train: "
                 f"it needs the async agent loop, {loops} (got rollout_mode={config.rollout_mode!r}), or use "

@@ -245,8 +245,9 @@ def test_config_knobs():
     cfg = GRPOConfig().training(rollout_pipeline="async", max_policy_lag=2).env_runners(rollout_mode="async")
     cfg.validate()
     assert cfg.policy_loss_config().tis_cap == 2.0
+    GRPOConfig().training(rollout_pipeline="async").validate()  # rollout_mode="auto" picks the async loop
     with pytest.raises(ValueError, match="rollout_mode='async'"):
-        GRPOConfig().training(rollout_pipeline="async").validate()
+        GRPOConfig().training(rollout_pipeline="async").env_runners(rollout_mode="turn_sync").validate()
     with pytest.raises(ValueError, match="max_policy_lag"):
         GRPOConfig().training(rollout_pipeline="async", max_policy_lag=0).env_runners(rollout_mode="async").validate()
     with pytest.raises(ValueError, match="'sync', 'one_step_off' or 'async'"):

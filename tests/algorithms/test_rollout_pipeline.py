@@ -190,8 +190,10 @@ def test_config_knobs():
     assert off.policy_loss_config().tis_cap == 2.0 and off.policy_loss_config(replay=True).tis_cap is None
     assert cfg(rollout_pipeline="one_step_off", tis_cap=0).policy_loss_config().tis_cap is None
     assert SPEARConfig().training(rollout_pipeline="one_step_off", tis_cap=3.0).policy_loss_config().tis_cap == 3.0
-    for kw, match in [({"rollout_pipeline": "async"}, "rollout_pipeline"),
-                      ({"max_policy_lag": -1}, "max_policy_lag"),
+    cfg(rollout_pipeline="async").validate()  # rollout_mode="auto" runs the async loop it needs
+    with pytest.raises(ValueError, match="rollout_pipeline"):
+        cfg(rollout_pipeline="async").env_runners(rollout_mode="turn_sync").validate()
+    for kw, match in [({"max_policy_lag": -1}, "max_policy_lag"),
                       ({"max_policy_lag": 1.5}, "max_policy_lag"),
                       ({"rollout_pipeline": "one_step_off", "max_policy_lag": 0}, "max_policy_lag")]:
         with pytest.raises(ValueError, match=match):

@@ -13,9 +13,9 @@ from rllib_spear.metrics import rollout_metrics
 from rllib_spear.testing import make_stats
 
 
-def test_defaults_keep_the_turn_synchronous_loop():
+def test_defaults_pick_the_loop_and_the_async_knobs():
     cfg = GRPOConfig()
-    assert cfg.rollout_mode == "turn_sync" and cfg.tool_concurrency is None
+    assert cfg.rollout_mode == "auto" and cfg.tool_concurrency is None  # tests/rollout/test_rollout_mode_auto.py
     default = inspect.signature(AsyncMultiTurnRollout).parameters["tool_timeout_s"].default
     assert cfg.tool_timeout_s == DEFAULT_TOOL_TIMEOUT_S == default
     cfg.env_runners(rollout_mode="async", tool_concurrency=4, tool_timeout_s=None)
@@ -24,7 +24,7 @@ def test_defaults_keep_the_turn_synchronous_loop():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"rollout_mode": "fast"}, "`rollout_mode` must be 'turn_sync'(,| or) 'async'"),  # the registered names
+    ({"rollout_mode": "fast"}, "`rollout_mode` must be 'auto', 'turn_sync'(,| or) 'async'"),  # the registered names
     ({"tool_concurrency": 0}, "`tool_concurrency` must be an integer >= 1"),
     ({"tool_concurrency": 2.5}, "`tool_concurrency` must be an integer >= 1"),
     ({"tool_timeout_s": 0}, "`tool_timeout_s` must be a number of seconds > 0"),

@@ -217,7 +217,7 @@ def test_the_runner_passes_the_watchdogs_and_reports_step_timeouts(release):
     _HangOnce.release = release
     cfg = (GRPOConfig().environment(_HangOnce)
            .env_runners(max_new_tokens=8, max_turns=2, max_model_len=512, max_response_tokens=256,
-                        step_timeout_s=LIMIT_S, generation_timeout_s=120)
+                        step_timeout_s=LIMIT_S, generation_timeout_s=120, rollout_mode="turn_sync")
            .rl_module(model_config={"model_path": "embedded"}).debugging(seed=0))
     runner = LLMEnvRunner(config=cfg)
     try:

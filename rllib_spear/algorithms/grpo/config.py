@@ -120,7 +120,8 @@ class GRPOConfig(AlgorithmConfigAdapter):
         the task, the last ``history_steps`` steps and the current observation), history_steps
         (default 2) and max_prompt_tokens (window: the per-step prompt budget, None = what
         max_model_len leaves); the agent loop (docs/design.md "The agent
-        loop"): rollout_mode ("turn_sync" | "async"), and for "async" tool_concurrency (env steps
+        loop"): rollout_mode ("auto", the default: "async" for multi-turn episodes, "turn_sync" for
+        single-turn ones, "agent_program" for an ``AgentProgramEnv``; or one of them), and for "async" tool_concurrency (env steps
         at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
         (docs/design.md "Fault tolerance"): step_timeout_s (one env step; tool_timeout_s is its
         older async name) and generation_timeout_s (one engine call), None = no limit; the OpenAI
@@ -345,6 +346,21 @@ class GRPOConfig(AlgorithmConfigAdapter):
     @property
     def loss_t_norm(self) -> float:
         return float(self.t_norm if self.t_norm is not None else self.max_response_tokens)
+
+    @property
+    def effective_rollout_mode(self) -> str:
+        """The registered rollout mode the runners run: ``rollout_mode`` itself, or for "auto"
+        (the default) the one ``resolve_rollout_mode`` picks from ``max_turns``, the pipeline and
+        the environment (docs/design.md "The agent loop")."""
+        from ...env_runners.rollout_modes import resolve_rollout_mode
+        from ...envs.agent_program import is_agent_program_env
+        from ...pipelines import PIPELINES
+
+        pipeline = PIPELINES.view().get(self.rollout_pipeline)
+        return resolve_rollout_mode(
+            self.rollout_mode, max_turns=int(self.max_turns),
+            streams_groups=bool(getattr(pipeline, "needs_streamed_groups", False)),
+            runs_agent_program=is_agent_program_env(self.env))
 
     @property
     def use_activation_checkpointing(self) -> bool:
@@ -586,9 +602,9 @@ class GRPOConfig(AlgorithmConfigAdapter):
     def _check_agent_loop(self, err) -> None:
         """``rollout_mode`` (a registered name, env_runners/rollout_modes.py) / ``tool_concurrency``
         / ``tool_timeout_s`` (docs/design.md "The agent loop")."""
-        from ...env_runners.rollout_modes import rollout_mode_names
+        from ...env_runners.rollout_modes import AUTO, rollout_mode_names
 
-        names = rollout_mode_names()
+        names = [AUTO, *rollout_mode_names()]
         if self.rollout_mode not in names:
             err(f"`rollout_mode` must be {_one_of(names)} (.env_runners(rollout_mode=...)), "
                 f"got {self.rollout_mode!r}")

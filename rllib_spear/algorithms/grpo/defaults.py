@@ -94,8 +94,10 @@ SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_prompt_tokens": None,  # window: per-step prompt budget; None = max_model_len - the step's room
     # the agent loop (docs/design.md "The agent loop"): "turn_sync" generates every live episode's
     # turn in one batch, then steps the envs one after another; "async" runs each episode at its
-    # own pace (continuous batching, env steps on tool_concurrency threads, tool_timeout_s)
-    "rollout_mode": "turn_sync",
+    # own pace (continuous batching, env steps on tool_concurrency threads, tool_timeout_s);
+    # "auto" runs "async" when episodes can take several turns (max_turns > 1) or the pipeline is
+    # "async", "agent_program" for an AgentProgramEnv, "turn_sync" otherwise
+    "rollout_mode": "auto",
     "tool_concurrency": None,  # async: env steps at once; None = one per episode of the call
     "tool_timeout_s": 300.0,  # async: a longer env step becomes a timeout observation; None = no limit
     # watchdogs (docs/design.md "Fault tolerance"): an env step past step_timeout_s ends its episode

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ray.util import log_once
 
+from ...models.packing import PACKED_ATTENTION
 from .defaults import LOW_PRECISION_MASTER_EFFECT, MIXED_PRECISION, SHARDING_STRATEGIES
 
 __all__ = ["check_learner_layout", "check_memory_plan"]
@@ -29,6 +30,14 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
     packed = getattr(cfg, "packed_microbatches", False)
     if not isinstance(packed, bool):
         err(f"`packed_microbatches` must be True or False (.learners(packed_microbatches=...)), got {packed!r}")
+    attn = (cfg.model_config or {}).get("attn_implementation")
+    if attn is not None and not (isinstance(attn, str) and attn):
+        err("`model_config['attn_implementation']` must be a transformers attention name ('sdpa', 'eager', "
+            f"'flex_attention', ...) or None for transformers' default, got {attn!r}")
+    elif packed is True and attn is not None and attn not in PACKED_ATTENTION:
+        err(f"`packed_microbatches=True` masks the packed rows through the attention mask transformers builds "
+            f"for {PACKED_ATTENTION}; `model_config['attn_implementation']` is {attn!r}: pick one of those, or set "
+            ".learners(packed_microbatches=False)")
     if cfg.cpu_offload and cfg.sharding != "fsdp":
         err("`cpu_offload=True` offloads FSDP shards: use it with .learners(sharding='fsdp')")
     cpus = getattr(cfg, "num_cpus_per_learner", "auto")
