@@ -18,7 +18,9 @@ from e2e_helpers import small_config
 # The spy runs in the runner actor: ship this module's classes by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-RECORDED = ("generate", "sleep", "wake_up", "load_weights_stream", "update_weights")
+RECORDED = ("generate", "agenerate", "sleep", "wake_up", "load_weights_stream", "update_weights")
+#: the async agent loop (the default for multi-turn episodes) asks per request: one "generate" too
+SAME_AS = {"agenerate": "generate"}
 
 
 class EngineSpy:
@@ -35,7 +37,8 @@ class EngineSpy:
 
         def call(*args, **kwargs):
             arg = args[0] if name in ("sleep", "wake_up") and args else kwargs.get("tags", kwargs.get("level"))
-            self.calls.append((time.time(), name, list(arg) if isinstance(arg, (list, tuple)) else arg))
+            self.calls.append((time.time(), SAME_AS.get(name, name),
+                               list(arg) if isinstance(arg, (list, tuple)) else arg))
             return attr(*args, **kwargs)
 
         return call
