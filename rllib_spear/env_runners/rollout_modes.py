@@ -105,8 +105,8 @@ def resolve_rollout_mode(name: str, *, max_turns: int, streams_groups: bool = Fa
     - "agent_program" when the environment is an agent program (``runs_agent_program``): only
       that loop can run one;
     - "async" when an episode can take several turns (``max_turns > 1``) or the pipeline needs
-      groups streamed (``streams_groups``: ``rollout_pipeline="async"``): an episode waiting on its tool does not hold the
-      others' turns (5.7x the episodes/s of "turn_sync" under lognormal tool latency, 0.99x with
+      groups streamed (``streams_groups``: ``rollout_pipeline="async"``): an episode waiting on
+      its tool does not hold the others' turns (5.7x the episodes/s of "turn_sync" under lognormal tool latency, 0.99x with
       none: docs/benchmarks.md), and with a fixed seed each request samples from its own seed, so
       the run is reproducible whatever the timing (docs/design.md "The agent loop");
     - "turn_sync" otherwise: single-turn episodes have no tool wait to overlap, and one batch per

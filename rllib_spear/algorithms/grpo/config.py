@@ -121,8 +121,8 @@ class GRPOConfig(AlgorithmConfigAdapter):
         (default 2) and max_prompt_tokens (window: the per-step prompt budget, None = what
         max_model_len leaves); the agent loop (docs/design.md "The agent
         loop"): rollout_mode ("auto", the default: "async" for multi-turn episodes, "turn_sync" for
-        single-turn ones, "agent_program" for an ``AgentProgramEnv``; or one of them), and for "async" tool_concurrency (env steps
-        at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
+        single-turn ones, "agent_program" for an ``AgentProgramEnv``; or one of them), and for
+        "async" tool_concurrency (env steps at once, None = one per episode) and tool_timeout_s (None = no limit); the watchdogs
         (docs/design.md "Fault tolerance"): step_timeout_s (one env step; tool_timeout_s is its
         older async name) and generation_timeout_s (one engine call), None = no limit; the OpenAI
         endpoint (docs/design.md "The OpenAI endpoint"): serve_openai (True, or a dict of host, port,

@@ -18,7 +18,7 @@ SERVING_PACKAGES = ("fastapi", "uvicorn", "httpx", "openai")
 def serving_config_problems(config: Any) -> list[str]:
     """The problems of ``config``'s endpoint and agent-program settings (empty: fine)."""
     from ..rollout_modes import AUTO, ROLLOUT_MODES
-    from ...envs.agent_program import is_agent_program_env
+    from ...envs.agent_program import AgentProgramEnv
     from ...envs.registry import resolve_env
 
     out = check_serve_openai(config.serve_openai)
@@ -38,7 +38,7 @@ def serving_config_problems(config: Any) -> list[str]:
         cls = resolve_env(config.env).env_cls
     except Exception:  # noqa: BLE001 - an unresolvable env is validate()'s `env` check
         cls = None
-    is_program = is_agent_program_env(config.env)
+    is_program = cls is not None and issubclass(cls, AgentProgramEnv)
     if is_program and not serves:
         out.append(f"`env` {config.env!r} runs an agent program against the runner's OpenAI endpoint: set "
                    ".env_runners(rollout_mode='agent_program') (or leave rollout_mode 'auto')")
