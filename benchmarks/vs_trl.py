@@ -39,6 +39,14 @@ metrics (TRL computes the entropy of every completion token for its log; ours sa
 engine's sampling log-probs (no extra forward, ``recompute_old_logprobs`` off), so neither side
 runs an extra forward.
 
+Precision (``--precision``, default ``auto``): both sides compute in the same precision. ``fp32``:
+float32 everywhere (TRL ``bf16=False``). ``bf16``: TRL's default ``bf16=True`` (autocast over
+float32 weights, its generation included), ours ``.learners(mixed_precision="bf16")`` (float32
+master weights, bf16 autocast) with a bf16 HF engine, and the bare loop under the same autocast.
+``auto``: ``bf16`` on a CPU that computes bf16 in hardware (AVX-512 BF16, AMX, aarch64 BF16;
+``rllib_spear.models.precision``), ``fp32`` elsewhere, where bf16 would be emulated and slower on
+both sides.
+
 Reported per side (medians over every timed step of every alternation, with min-max spread):
 step time; generated tokens/s (completion tokens / generation time); trained tokens/s (prompt +
 completion tokens of the update / the step less its generation, on both sides: the update and
@@ -80,10 +88,31 @@ VOCAB = 2000
 PROMPTS, SAMPLES, NEW_TOKENS, LR = 8, 8, 64, 1e-6
 #: ours / TRL end-to-end tokens/s to reach on both models, and ours / bare torch trained tokens/s.
 END_TO_END_TARGET, BARE_TARGET = 1.3, 0.9
+#: ``--precision`` choices; the resolved one (``resolve_precision``) is set in ``main``.
+PRECISIONS = ("auto", "fp32", "bf16")
+PRECISION = "fp32"
 #: The clock of every timing: wall time, or with ``--cpu-time`` this process's CPU time (with
 #: ``--threads 1``: the work done, unaffected by other jobs on a shared machine).
 CLOCK = time.perf_counter
 _SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "sh", "qu", "x", "y"]
+
+
+def resolve_precision(name: str, flags=None) -> str:
+    """``--precision``: "fp32" or "bf16" as given; "auto" -> "bf16" where the CPU computes bf16 in
+    hardware (``flags``: the CPU flags to judge by, default this machine's), else "fp32"."""
+    from rllib_spear.models.precision import cpu_has_native_bf16
+
+    if name not in PRECISIONS:
+        raise ValueError(f"--precision: unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+    if name != "auto":
+        return name
+    return "bf16" if cpu_has_native_bf16(flags) else "fp32"
+
+
+def _bf16_autocast(on: bool):
+    import contextlib
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------------- models and prompts
@@ -198,14 +227,16 @@ class Ours:
         from rllib_spear import GRPOConfig
 
         self.path = path
+        bf16 = PRECISION == "bf16"
         self.config = (GRPOConfig()
                        .environment(single_turn_env_class(), dataset=[{"question": q, "answer": ""} for q in prompts])
                        .env_runners(num_env_runners=0, engine="hf", temperature=1.0, top_p=1.0, top_k=-1,
-                                    max_turns=1, max_new_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS)
+                                    max_turns=1, max_new_tokens=NEW_TOKENS, max_response_tokens=NEW_TOKENS,
+                                    engine_kwargs={"dtype": "bfloat16"} if bf16 else {})
                        .training(group_size=SAMPLES, tasks_per_iteration=PROMPTS, lr=LR, grad_clip=1.0,
                                  loss_agg_mode="seq-mean-token-sum-norm", t_norm=NEW_TOKENS, weight_decay=0.01,
                                  clip_ratio_low=0.2, clip_ratio_high=0.2, kl_coeff=0.0, entropy_coeff=0.0)
-                       .learners(num_learners=0)
+                       .learners(num_learners=0, mixed_precision="bf16" if bf16 else None)
                        .rl_module(model_config={"model_path": path})
                        .debugging(seed=0))
         self.algo = self.config.build_algo()
@@ -290,7 +321,7 @@ class TRL:
                          learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01,
                          adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=1.0, beta=0.0, loss_type="dr_grpo",
                          scale_rewards="none", epsilon=0.2, num_iterations=1, temperature=1.0, top_p=1.0,
-                         top_k=0, use_vllm=False, gradient_checkpointing=False, bf16=False, fp16=False,
+                         top_k=0, use_vllm=False, gradient_checkpointing=False, bf16=PRECISION == "bf16", fp16=False,
                          use_cpu=True, report_to="none", save_strategy="no", logging_steps=10_000,
                          disable_tqdm=True, dataloader_num_workers=0, seed=0)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -334,8 +365,9 @@ class Bare:
         """Trained tokens/s (median over ``iters`` timed updates after one warm-up) on ``ours``'s last batch."""
         from learner_throughput import bench_bare, learner_batch
 
-        tokens, times, _ = bench_bare(self.model, learner_batch(ours.rows, ours.config), ours.config,
-                                      self.iters, clock=CLOCK)
+        with _bf16_autocast(PRECISION == "bf16"):  # the precision of both sides' updates
+            tokens, times, _ = bench_bare(self.model, learner_batch(ours.rows, ours.config), ours.config,
+                                          self.iters, clock=CLOCK)
         return tokens / float(np.median(times))
 
 
@@ -364,7 +396,7 @@ def compare(name: str, alternations: int, steps: int, bare_iters: int) -> dict[s
             bare_tok_s.append(bare_side.trained_tok_s(ours))
         print(f"  [{name}] alternation {a + 1}/{alternations} done", flush=True)
     ours.close()
-    print(f"\nmodel {name}: {n_params / 1e6:.2f}M parameters, vocab {VOCAB}, fp32; {PROMPTS} prompts x {SAMPLES} "
+    print(f"\nmodel {name}: {n_params / 1e6:.2f}M parameters, vocab {VOCAB}, {PRECISION}; {PROMPTS} prompts x {SAMPLES} "
           f"samples x <= {NEW_TOKENS} new tokens; {alternations} alternations x {steps} steps; torch threads "
           f"{torch.get_num_threads()}")
     print(f"{'':18s} {'step s':>22s} {'generated tok/s':>22s} {'trained tok/s':>22s} {'end-to-end tok/s':>22s}")
@@ -401,9 +433,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time with this process's CPU time (use with --threads 1 on a busy machine)")
+    ap.add_argument("--precision", default="auto", choices=PRECISIONS,
+                    help="both sides' compute precision (auto: bf16 where the CPU has it in hardware, else fp32)")
     args = ap.parse_args(argv)
-    global CLOCK
+    global CLOCK, PRECISION
     CLOCK = time.process_time if args.cpu_time else time.perf_counter
+    PRECISION = resolve_precision(args.precision)
+    print(f"precision: {PRECISION} (--precision {args.precision})", flush=True)
     if args.threads:
         torch.set_num_threads(args.threads)
     names = [n for n in args.models.split(",") if n]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from typing import Any, Callable, ContextManager, Mapping
 
 import torch
@@ -76,6 +77,26 @@ class ModuleLayout:
         self.reference: torch.nn.Module | None = None
         self._mesh = None  # the mesh both models are sharded on (None: fully_shard's default)
         self._mesh_ready = False
+        self._precision: tuple[str | None] | None = None  # (resolved mixed_precision,) once asked
+
+    @property
+    def mixed_precision(self) -> str | None:
+        """The precision this learner computes in: ``mixed_precision`` with "auto" resolved for
+        its device and master-weight dtype (models/precision.py), once; "auto" logs its choice."""
+        if self._precision is None:
+            from ..models.precision import resolve_mixed_precision
+
+            setting = getattr(self.config, "mixed_precision", None)
+            device_type = self.device.type if self.device is not None else "cpu"
+            weight_dtype = (getattr(self.config, "model_config", None) or {}).get("dtype", "float32")
+            resolved = resolve_mixed_precision(setting, device_type=device_type, weight_dtype=weight_dtype)
+            self._precision = (resolved,)
+            if setting == "auto":
+                logging.getLogger(__name__).info(
+                    "mixed_precision='auto' on %s: %s", device_type,
+                    "bf16 compute over float32 master weights" if resolved == "bf16"
+                    else "no bf16 in this device's hardware (or non-float32 weights): compute in the weights' dtype")
+        return self._precision[0]
 
     @property
     def sharded(self) -> bool:
@@ -107,7 +128,7 @@ class ModuleLayout:
                 # learner-only, taken before sharding (and sharded like the policy).
                 from ..models.logprobs import unwrap_causal_lm
 
-                self.reference = reference_model(unwrap_causal_lm(hf), getattr(config, "mixed_precision", None))
+                self.reference = reference_model(unwrap_causal_lm(hf), self.mixed_precision)
                 if self.sharded:
                     self.shard_from_rank0(self.reference)
             if self.sharded:
@@ -142,7 +163,7 @@ class ModuleLayout:
     def shard_from_rank0(self, model: torch.nn.Module) -> None:
         """FSDP2-shard ``model`` and fill every rank's shards from rank 0's loaded weights."""
         full = dict(model.state_dict()) if rank() == 0 else None  # CPU tensors, no copy
-        sharding.shard_causal_lm(model, mixed_precision=self.config.mixed_precision,
+        sharding.shard_causal_lm(model, mixed_precision=self.mixed_precision,
                                  cpu_offload=bool(self.config.cpu_offload), mesh=self.mesh())
         sharding.load_full_state_from_rank0(model, full, self.device)
 
@@ -179,7 +200,7 @@ class ModuleLayout:
     def compute_context(self) -> ContextManager:
         """bf16 autocast for mixed precision on a replicated (DDP / single) learner; FSDP casts
         the gathered parameters itself (MixedPrecisionPolicy)."""
-        if getattr(self.config, "mixed_precision", None) == "bf16" and not self.sharded:
+        if self.mixed_precision == "bf16" and not self.sharded:
             device = self.device
             return torch.autocast(device_type=device.type if device is not None else "cpu",
                                   dtype=torch.bfloat16)

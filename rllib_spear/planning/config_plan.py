@@ -25,6 +25,24 @@ from .memory_plan import MemoryPlan, plan_memory
 __all__ = ["plan", "check_fits", "learner_sequence_length"]
 
 
+def _planned_precision(config: Any, model_config: dict) -> str | None:
+    """``mixed_precision`` as the learners will resolve it: "auto" is bf16 on GPU learners
+    (assumed from the driver, which may hold no GPU) and on a CPU with bf16 in hardware
+    (this machine's, where CPU learners usually run; models/precision.py)."""
+    from ..models.precision import resolve_mixed_precision
+
+    setting = getattr(config, "mixed_precision", None)
+    if setting not in (None, "bf16", "auto"):
+        return setting  # validate() names the bad value; the plan keeps it as written
+    device_type = "cuda" if float(getattr(config, "num_gpus_per_learner", 0) or 0) > 0 else "cpu"
+    native = True if device_type == "cuda" else None
+    try:
+        return resolve_mixed_precision(setting, device_type=device_type,
+                                       weight_dtype=str(model_config.get("dtype", "float32")), native_bf16=native)
+    except ValueError:  # an unknown model dtype: validate() names it
+        return None
+
+
 def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
     """(learner layout, engine layout, extras) of a GRPOConfig (any object with its attributes)."""
     mc = dict(config.model_config or {})
@@ -37,7 +55,7 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
     layout = LearnerLayout(
         sharding=str(getattr(config, "sharding", "ddp")),
         num_learners=int(getattr(config, "num_learners", 0) or 0),
-        mixed_precision=getattr(config, "mixed_precision", None),
+        mixed_precision=_planned_precision(config, mc),
         cpu_offload=bool(getattr(config, "cpu_offload", False)),
         activation_checkpointing=bool(act),
         weight_dtype=str(mc.get("dtype", "float32")),

@@ -34,6 +34,15 @@ def test_unknown_model_is_refused():
         vs_trl.main(["--models", "7B"])
 
 
+def test_precision_is_the_same_on_both_sides():
+    assert vs_trl.resolve_precision("fp32", flags={"avx512_bf16"}) == "fp32"
+    assert vs_trl.resolve_precision("bf16", flags={"avx2"}) == "bf16"
+    assert vs_trl.resolve_precision("auto", flags={"avx2", "fma"}) == "fp32"  # emulated bf16: slower for both
+    assert vs_trl.resolve_precision("auto", flags={"avx512_bf16"}) == "bf16"  # TRL's default, ours mixed bf16
+    with pytest.raises(ValueError, match="--precision"):
+        vs_trl.resolve_precision("fp8")
+
+
 def test_quick_run_reports_every_ratio():
     pytest.importorskip("trl")
     pytest.importorskip("datasets")

@@ -145,8 +145,10 @@ class GRPOConfig(AlgorithmConfigAdapter):
         * ``sharding``: "ddp" (default; RLlib's DDP, a full replica per learner) or "fsdp" (FSDP2
           ``fully_shard`` per transformer block and on the root: each of the ``num_learners >= 1``
           ranks holds 1/N of the parameters, gradients and optimizer state);
-        * ``mixed_precision``: None (compute in the weights' dtype) or "bf16" (fp32 master weights
-          and AdamW state, bf16 compute, fp32 gradient reduction);
+        * ``mixed_precision``: None (compute in the weights' dtype), "bf16" (fp32 master weights
+          and AdamW state, bf16 compute, fp32 gradient reduction) or "auto" ("bf16" where the
+          learner's device computes bf16 in hardware: Ampere+ GPUs, CPUs with AVX-512 BF16 / AMX;
+          None elsewhere, where bf16 would be emulated; models/precision.py);
         * ``cpu_offload``: fsdp only: the shards and the optimizer step live in CPU memory;
         * ``activation_checkpointing``: None = ``model_config["gradient_checkpointing"]``;
         * ``packed_microbatches``: True runs the policy's body over the real tokens of each

@@ -178,7 +178,9 @@ SHARDING_STRATEGIES = ("ddp", "fsdp")
 #: state vs fp32 master weights (quoted by the warning of validate()).
 LOW_PRECISION_MASTER_EFFECT = ("2.1% of the weights change at all and the mean applied step is 0.03x the "
                                "fp32-master step (lr 1e-5: 15.7%, 0.19x)")
-MIXED_PRECISION = (None, "bf16")
+#: ``.learners(mixed_precision=...)``: None, "bf16", or "auto" (bf16 where the learner's device computes
+#: it in hardware; models/precision.py).
+MIXED_PRECISION = (None, "bf16", "auto")
 
 
 def training_defaults() -> dict[str, Any]:

@@ -20,7 +20,8 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
         err(f"`sharding` must be one of {SHARDING_STRATEGIES} (set it with .learners(sharding=...)), "
             f"got {cfg.sharding!r}")
     if cfg.mixed_precision not in MIXED_PRECISION:
-        err(f"`mixed_precision` must be None or 'bf16' (.learners(mixed_precision=...)), got {cfg.mixed_precision!r}")
+        err(f"`mixed_precision` must be None, 'bf16' or 'auto' (.learners(mixed_precision=...)), "
+            f"got {cfg.mixed_precision!r}")
     if cfg.sharding == "fsdp" and cfg.num_learners < 1:
         err("`sharding='fsdp'` runs on remote learner ranks: set .learners(num_learners=N) with N >= 1 "
             f"(got num_learners={cfg.num_learners})")
@@ -61,7 +62,7 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
     if cfg.mixed_precision == "bf16" and dtype != "float32":
         err(f"`mixed_precision='bf16'` keeps fp32 master weights and computes in bf16: set "
             f"model_config['dtype'] to 'float32' (or drop it), got {dtype!r}")
-    if cfg.mixed_precision is None and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
+    if cfg.mixed_precision in (None, "auto") and dtype in ("bfloat16", "float16") and log_once("low_precision_master"):
         logging.getLogger(__name__).warning(
             "model_config['dtype']=%r trains %s weights with %s AdamW state: most updates round away "
             "(benchmarks/master_weights.py, one AdamW step at lr 1e-6: %s). Use "
