@@ -27,6 +27,7 @@ REAL_COUNTS = {
     "Qwen2.5-32B-Instruct": 32_763_876_352,
     "Llama-3.1-8B-Instruct": 8_030_261_248,
     "Qwen3-8B": 8_190_735_360,
+    "SmolLM2-135M-Instruct": 134_515_008,  # the model of the "smollm2-*" cold starts
 }
 
 
@@ -37,7 +38,7 @@ def test_bundled_config_parameter_counts_are_exact(name):
     assert ModelShape.from_config(bundled_model_config(name), name).num_params == REAL_COUNTS[name]
 
 
-def test_bundled_configs_are_exactly_the_five_models():
+def test_bundled_configs_are_exactly_the_counted_models():
     assert sorted(bundled_model_names()) == sorted(REAL_COUNTS)
 
 
@@ -321,3 +322,68 @@ def test_every_config_plans(path):
     assert "| strategy |" in text
     if cfg.gpu_memory_gb is not None:
         assert p.fits is True, text
+
+
+# ---------------------------------------------------------------------- CPU learners' host memory
+def _cpu_config(model_path: str = "smollm2-tools", budget: int = 8192, **learners):
+    from rllib_spear import SPEARConfig
+
+    return (SPEARConfig().environment("search_qa").env_runners(num_env_runners=0, max_new_tokens=64, max_turns=2)
+            .rl_module(model_config={"model_path": model_path}).learners(**learners)
+            .training(tasks_per_iteration=12, group_size=4, micro_batch_token_budget=budget))
+
+
+def test_a_named_cold_start_is_sized_without_building_it(monkeypatch):
+    from rllib_spear.coldstart import lookup
+
+    def no_build(path):
+        raise AssertionError(f"sizing built {path}")
+
+    monkeypatch.setattr(lookup, "resolve_model_path", no_build)
+    p = planning.plan(_cpu_config())
+    assert p.shape.num_params == REAL_COUNTS["SmolLM2-135M-Instruct"] and p.shape.name == "smollm2-tools"
+    assert "'smollm2-tools'" in p.model_source
+
+
+def test_cpu_learners_are_checked_against_host_memory():
+    """The README snippet's first form (budget 8192) peaked at 21.1 GB RSS on CPU (docs/benchmarks.md):
+    the plan holds the whole learner in host RAM and names what fits."""
+    p = planning.plan(_cpu_config(), host_memory_gb=12)
+    assert not p.learner_on_gpu and p.learner_host_bytes == p.learner.total
+    assert 15 < p.learner_host_bytes / 2**30 < 20 and p.host_fits is False and p.fits is False
+    (msg,) = planning.plan_problems(p)
+    assert "more than the 12 GiB of host memory" in msg
+    assert "--set training.micro_batch_token_budget=4096" in msg  # the largest halving that fits (11.3 GiB)
+    assert "--set learners.activation_checkpointing=true" in msg
+    assert "CPU learners" in planning.format_plan(p)
+    assert planning.plan(_cpu_config(budget=2048), host_memory_gb=12).host_fits is True
+    two = planning.plan(_cpu_config(num_learners=2), host_memory_gb=64)
+    assert two.learner_host_bytes == 2 * two.learner.total  # both ranks on this machine
+    assert planning.plan(_cpu_config(num_gpus_per_learner=1), host_memory_gb=1).host_fits is None  # GPU learners
+
+
+def test_validate_warns_when_cpu_learners_exceed_this_machines_ram(monkeypatch, caplog):
+    import logging
+
+    from rllib_spear.algorithms.grpo import layout_checks
+    from rllib_spear.planning import memory_plan
+
+    monkeypatch.setattr(memory_plan, "available_host_memory_gb", lambda meminfo="/proc/meminfo": 8.0)
+    assert planning.check_cpu_learner_memory(_cpu_config()) is not None
+    assert planning.check_cpu_learner_memory(_cpu_config(budget=512)) is None
+    assert planning.check_cpu_learner_memory(_cpu_config(num_gpus_per_learner=1)) is None
+    assert planning.check_cpu_learner_memory(_cpu_config(model_path="embedded")) is None  # never resolved
+    assert planning.check_cpu_learner_memory(_cpu_config(model_path="/no/such/model")) is None  # cannot size
+    monkeypatch.setattr(layout_checks, "log_once", lambda key: True)  # the warning is once per process
+    with caplog.at_level(logging.WARNING):
+        _cpu_config().validate()
+    assert "micro_batch_token_budget" in caplog.text and "killed for memory" in caplog.text
+
+
+def test_available_host_memory_reads_meminfo(tmp_path):
+    from rllib_spear.planning.memory_plan import available_host_memory_gb
+
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24576000 kB\nMemFree:  1000 kB\nMemAvailable:   20971520 kB\n")
+    assert available_host_memory_gb(str(f)) == pytest.approx(20.0)
+    assert available_host_memory_gb(str(tmp_path / "missing")) > 0  # the physical RAM instead

@@ -32,7 +32,7 @@ from rllib_spear.envs.retrieval import file_sha256
 from rllib_spear.cache_paths import cache_root
 from rllib_spear.models.factory import atomic_build_dir
 
-__all__ = ["SHIPPED_POLICIES", "NAMED_COLD_STARTS", "MANIFEST", "read_manifest", "find_shipped", "copy_shipped", "file_sha256",
+__all__ = ["SHIPPED_POLICIES", "NAMED_COLD_STARTS", "NAMED_COLD_START_SHAPES", "MANIFEST", "read_manifest", "find_shipped", "copy_shipped", "file_sha256",
            "is_embedded_name", "resolve_model_path", "cold_start_name"]
 
 #: Built cold starts shipped with the package, one folder per (kind, key).
@@ -48,6 +48,10 @@ NAMED_COLD_STARTS: dict[str, tuple[str, str]] = {
     # the plain instruct model, no cold start (it answers a new tool's requests in prose)
     "smollm2-instruct": ("smollm2", "smollm2_instruct_path"),
 }
+
+#: The bundled config.json (rllib_spear/assets/model_configs) of each named cold start's model:
+#: what the memory planner sizes it by without building it.
+NAMED_COLD_START_SHAPES: dict[str, str] = {name: "SmolLM2-135M-Instruct" for name in NAMED_COLD_STARTS}
 
 
 def read_manifest(folder: Path) -> dict | None:

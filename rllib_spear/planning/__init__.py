@@ -9,7 +9,7 @@ does not fit), ``report`` (the text ``rllib-spear plan`` prints) and ``config_pl
 and :func:`check_fits` of a GRPOConfig).
 """
 from .colocate import ColocatedPlan, plan_colocated
-from .config_plan import check_fits, learner_sequence_length, plan
+from .config_plan import check_cpu_learner_memory, check_fits, learner_sequence_length, plan
 from .engine import EnginePlan, plan_engine
 from .fixes import plan_problems
 from .layouts import GIB, MEMORY_ERROR, OVERHEAD_GIB, EngineLayout, LearnerLayout
@@ -20,5 +20,5 @@ from .report import format_plan
 __all__ = [
     "GIB", "OVERHEAD_GIB", "MEMORY_ERROR", "LearnerLayout", "EngineLayout", "ActivationPeak", "LearnerPlan",
     "EnginePlan", "ColocatedPlan", "MemoryPlan", "activation_peak", "packing_cases", "plan_learner", "plan_engine",
-    "plan_colocated", "plan_memory", "plan", "check_fits", "learner_sequence_length", "plan_problems", "format_plan",
+    "plan_colocated", "plan_memory", "plan", "check_fits", "check_cpu_learner_memory", "learner_sequence_length", "plan_problems", "format_plan",
 ]

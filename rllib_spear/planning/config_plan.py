@@ -22,7 +22,7 @@ from .layouts import (
 )
 from .memory_plan import MemoryPlan, plan_memory
 
-__all__ = ["plan", "check_fits", "learner_sequence_length"]
+__all__ = ["plan", "check_fits", "check_cpu_learner_memory", "learner_sequence_length"]
 
 
 def _planned_precision(config: Any, model_config: dict) -> str | None:
@@ -106,10 +106,15 @@ def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
     ``learners()``, ``env_runners()`` and ``training(micro_batch_token_budget)``; with
     ``host_memory_gb`` (``rllib-spear plan --host-memory-gb``), the verdict also checks the pinned
     CPU RAM of ``cpu_offload`` per learner node against it."""
-    from ..coldstart.lookup import resolve_model_path  # "embedded": the shipped cold start's config.json
+    # "embedded": the shipped cold start's config.json; a named cold start ("smollm2-tools"): its
+    # model's bundled config, so that sizing it never builds it
+    from ..coldstart.lookup import NAMED_COLD_START_SHAPES, resolve_model_path
 
     mc = dict(config.model_config or {})
-    cfg_json, name, source = model_config_for(str(mc.get("model_path", "")), resolve=resolve_model_path)
+    path = str(mc.get("model_path", ""))
+    cfg_json, name, source = model_config_for(NAMED_COLD_START_SHAPES.get(path, path), resolve=resolve_model_path)
+    if path in NAMED_COLD_START_SHAPES:
+        name, source = path, f"{source}, the model of the cold start {path!r}"
     shape = ModelShape.from_config(cfg_json, name)
     layout, engine, extras = _layouts_of(config)
     gpu = getattr(config, "gpu_memory_gb", None)
@@ -132,6 +137,29 @@ def plan(config: Any, *, host_memory_gb: float | None = None) -> MemoryPlan:
         out.notes.append(f"tensor_parallel_size={engine.tensor_parallel} needs num_gpus_per_env_runner="
                          f"{engine.tensor_parallel} (got {engine.gpus_per_runner:g})")
     return out
+
+
+def check_cpu_learner_memory(config: Any, *, available_gb: float | None = None) -> str | None:
+    """CPU learners (``num_gpus_per_learner=0``): the message of ``cpu_learner_host_fixes`` when
+    their planned peak exceeds ``available_gb`` (default: this machine's available RAM), else
+    None. None too for GPU learners, for the embedded cold starts (a few MB, and resolving
+    "embedded:<task>" may build one) and for a model the planner cannot size."""
+    if float(getattr(config, "num_gpus_per_learner", 0) or 0) > 0:
+        return None
+    from ..coldstart.lookup import is_embedded_name
+    from .fixes import cpu_learner_host_fixes
+    from .memory_plan import available_host_memory_gb
+
+    if is_embedded_name(str((config.model_config or {}).get("model_path", ""))):
+        return None
+    host = available_host_memory_gb() if available_gb is None else available_gb
+    if host is None:
+        return None
+    try:
+        p = plan(config, host_memory_gb=host)
+    except (ValueError, OSError):  # no shape for the model: nothing to check against
+        return None
+    return cpu_learner_host_fixes(p) if p.host_fits is False else None
 
 
 def check_fits(config: Any, *, raise_error: bool = False) -> str | None:

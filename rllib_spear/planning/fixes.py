@@ -13,7 +13,7 @@ from typing import Callable
 
 from .colocate import ColocatedPlan
 from .engine import plan_engine
-from .layouts import GPUS_PER_NODE, OVERHEAD_GIB, LearnerLayout, _gib
+from .layouts import GIB, GPUS_PER_NODE, OVERHEAD_GIB, LearnerLayout, _gib
 from .layouts import gib_text as _g
 from .learner import LearnerPlan, plan_learner
 from .memory_plan import MemoryPlan
@@ -187,10 +187,39 @@ def engine_fixes(p: MemoryPlan) -> str:
     return msg + (" Changes that fit:\n  - " + "\n  - ".join(fixes) if fixes else " No single change fits.")
 
 
+def cpu_learner_host_fixes(p: MemoryPlan) -> str:
+    """The host part of the verdict for CPU learners: their peak exceeds ``host_memory_gb``; the
+    largest ``micro_batch_token_budget`` (halving) and activation checkpointing, each with its need."""
+    lp, h = p.learner, p.host_memory_gb
+    lay, budget = lp.layout, lp.micro_batch_token_budget
+
+    def need(layout: LearnerLayout, b: int = budget) -> float:
+        return plan_learner(p.shape, layout, micro_batch_token_budget=b, max_model_len=p.max_model_len,
+                            chunk_size=p.chunk_size).total * layout.ranks / GIB
+
+    msg = (f"the CPU learners need about {_g(p.learner_host_bytes)} GiB of RAM ({lay.ranks} x {_g(lp.total)} GiB: "
+           f"float32 weights, gradients, AdamW state and the activations of micro-batches of {budget} tokens), "
+           f"more than the {h:g} GiB of host memory; the process may be killed for memory.")
+    fixes = []
+    b = budget // 2
+    while b >= 128:
+        if need(lay, b) <= h:
+            fixes.append(f"{_call('training', {'micro_batch_token_budget': b})}: {need(lay, b):.1f} GiB")
+            break
+        b //= 2
+    if not lay.activation_checkpointing:
+        ac = lay.replace(activation_checkpointing=True)
+        fixes.append(f"{_learners_call({'activation_checkpointing': True})}: {need(ac):.1f} GiB "
+                     "(recomputes each block in the backward)")
+    return msg + " Changes:\n  - " + "\n  - ".join(fixes or ["a smaller model, or a machine with more RAM"])
+
+
 def host_fixes(p: MemoryPlan) -> str:
     """The host part of the verdict: the pinned ``cpu_offload`` state of a learner node exceeds
     ``host_memory_gb``; more learners (FSDP shards the state over every rank, 8 per node), or no
-    offload with the fewest learner GPUs that hold the state."""
+    offload with the fewest learner GPUs that hold the state. CPU learners: ``cpu_learner_host_fixes``."""
+    if not p.learner_on_gpu:
+        return cpu_learner_host_fixes(p)
     lp, h, g = p.learner, p.host_memory_gb, p.gpu_memory_gb
     lay = lp.layout
 

@@ -27,7 +27,10 @@ s = ``num_learners`` under "fsdp" (1 under "ddp")::
            + max(gathered + autocast copy + activations, step temp) + allowance
 
 ``cpu_offload`` moves parameters, gradients, AdamW state and the step to CPU RAM (reported per
-node, pinned; ``rllib-spear plan --host-memory-gb`` checks it against a node's RAM). Per engine GPU (vLLM): weights P * b / tp; KV cache = gpu_memory_utilization * G - weights -
+node, pinned; ``rllib-spear plan --host-memory-gb`` checks it against a node's RAM). CPU learners
+(``num_gpus_per_learner=0``) hold all of the above in RAM: the per-rank peak times the learner
+ranks, all on one machine (a local cluster), checked against ``host_memory_gb``; ``validate()``
+warns when this machine's available RAM cannot hold it (``check_cpu_learner_memory``). Per engine GPU (vLLM): weights P * b / tp; KV cache = gpu_memory_utilization * G - weights -
 the profile-run reserve, at 2 * layers * kv_heads/tp * head_dim * b bytes per token.
 
 Colocated GPUs (``.resources(colocate=True)``: a learner rank and an engine per GPU, the engine
@@ -37,6 +40,7 @@ Pure Python.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..models.shapes import ModelShape
@@ -45,7 +49,23 @@ from .engine import EnginePlan, plan_engine
 from .layouts import EngineLayout, LearnerLayout
 from .learner import LearnerPlan, alternative_layouts, plan_learner
 
-__all__ = ["MemoryPlan", "plan_memory"]
+__all__ = ["MemoryPlan", "plan_memory", "available_host_memory_gb"]
+
+
+def available_host_memory_gb(meminfo: str = "/proc/meminfo") -> float | None:
+    """This machine's available RAM in GiB (``MemAvailable`` of ``meminfo``: free plus reclaimable
+    cache), its physical RAM where that line is missing, None where neither can be read."""
+    try:
+        with open(meminfo, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / 2**30
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 @dataclass
@@ -71,9 +91,18 @@ class MemoryPlan:
         return self.learner.fits(self.gpu_memory_gb) if self.learner_on_gpu else None
 
     @property
+    def learner_host_bytes(self) -> int:
+        """CPU learners: the RAM their ranks need on one machine (the per-rank peak, state and
+        activations, times the ranks); 0 for GPU learners (their host share is ``cpu_offload``'s)."""
+        return 0 if self.learner_on_gpu else self.learner.total * self.learner.layout.ranks
+
+    @property
     def host_fits(self) -> bool | None:
-        """Whether the pinned CPU RAM of ``cpu_offload`` fits in a learner node's host memory
-        (None when nothing is offloaded or no host memory is declared)."""
+        """Whether a learner node's host memory holds the learners' part: CPU learners' whole
+        peak, or for GPU learners the pinned RAM of ``cpu_offload`` (None when no host memory
+        is declared, or nothing of GPU learners lives in host RAM)."""
+        if not self.learner_on_gpu:
+            return None if self.host_memory_gb is None else self.learner_host_bytes / 2**30 <= self.host_memory_gb
         return self.learner.host_fits(self.host_memory_gb)
 
     @property

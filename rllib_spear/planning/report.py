@@ -142,7 +142,10 @@ def _verdict_lines(p: MemoryPlan) -> list[str]:
     if c is not None and c.fits is not None:
         parts.append(f"colocated GPU: sampling {_g(max(c.sampling, c.sync))}, training {_g(c.training)} of "
                      f"{c.gpu_gib:g} GiB: {_verdict(c.fits)}")
-    if p.host_fits is not None:
+    if p.host_fits is not None and not p.learner_on_gpu:
+        parts.append(f"CPU learners {_g(p.learner_host_bytes)} GiB of {p.host_memory_gb:g} GiB host memory: "
+                     f"{_verdict(p.host_fits)}")
+    elif p.host_fits is not None:
         parts.append(f"learner node host memory {_g(lp.cpu_ram_per_node)} GiB pinned (cpu_offload) of "
                      f"{p.host_memory_gb:g} GiB: {_verdict(p.host_fits)}")
     no_gpu = g is None and p.engine_gpu_memory_gb is None

@@ -69,6 +69,19 @@ def check_learner_layout(cfg: Any, err: Callable[[str], None]) -> None:
             ".learners(mixed_precision='bf16') with float32 master weights instead.",
             dtype, dtype, dtype, LOW_PRECISION_MASTER_EFFECT)
     check_memory_plan(cfg, err)
+    check_cpu_learner_memory_once(cfg)
+
+def check_cpu_learner_memory_once(cfg: Any) -> None:
+    """CPU learners whose planned peak exceeds this machine's available RAM: a warning (once per
+    process) naming the budget and activation checkpointing that fit, instead of an OOM kill in
+    the first update. A warning, not an error: the learners may run on another machine, and the
+    CPU estimate is the GPU planner's (docs/memory_planner.md)."""
+    from ...planning import check_cpu_learner_memory
+
+    msg = check_cpu_learner_memory(cfg)
+    if msg and log_once("cpu_learner_memory"):
+        logging.getLogger(__name__).warning("%s", msg)
+
 
 def check_memory_plan(cfg: Any, err: Callable[[str], None]) -> None:
     """With ``gpu_memory_gb`` (or ``engine_gpu_memory_gb``) declared, refuse a config whose memory
