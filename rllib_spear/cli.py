@@ -552,11 +552,21 @@ def _plan(args: argparse.Namespace) -> int:
     except ValueError as e:  # a memory-plan refusal is what this command reports below
         if planning.MEMORY_ERROR not in str(e):
             raise CLIError(f"{args.config}: {validation_message(e)}") from e
+    host, host_note = args.host_memory_gb, None
+    if host is None:  # CPU learners run here (a local cluster); GPU learners on a GPU node
+        cpu_learners = float(getattr(cfg, "num_gpus_per_learner", 0) or 0) == 0
+        host = planning.available_host_memory_gb() if cpu_learners else DEFAULT_HOST_MEMORY_GB
+        if cpu_learners and host is not None:
+            host = round(host, 1)
+            host_note = (f"host memory: {host:g} GiB available on this machine, where CPU learners run "
+                         "(--host-memory-gb N to plan for another)")
     try:
-        plan = planning.plan(cfg, host_memory_gb=args.host_memory_gb)
+        plan = planning.plan(cfg, host_memory_gb=host)
     except ValueError as e:
         raise CLIError(f"{args.config}: {e}") from e
     print(f"memory plan of {args.config} (GiB = 2^30 bytes)")
+    if host_note:
+        print(host_note)
     print(planning.format_plan(plan))
     return 1 if plan.fits is False else 0
 
@@ -651,11 +661,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--gpu-memory-gb", type=float, default=None,
                    help="memory of one learner GPU in GiB (learners.gpu_memory_gb; engines too unless "
                         "env_runners.engine_gpu_memory_gb is set)")
-    m.add_argument("--host-memory-gb", type=float, default=DEFAULT_HOST_MEMORY_GB,
+    m.add_argument("--host-memory-gb", type=float, default=None,
                    help="host RAM of one learner node in GiB: with cpu_offload the node's learner ranks keep "
                         "their shards, gradients and AdamW state in pinned host memory, which must fit in it "
                         f"(default {DEFAULT_HOST_MEMORY_GB:g}: the 2 TB of an 8-GPU H100/H200 node such as a "
-                        "DGX H100/H200)")
+                        "DGX H100/H200); CPU learners hold all of their state and activations there (default: "
+                        "this machine's available RAM)")
     m.set_defaults(func=_plan)
     c = sub.add_parser("convert-corpus", parents=[debug],
                        help="stream a wiki-18 JSONL (.jsonl or .jsonl.gz) into a corpus parquet")

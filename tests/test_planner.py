@@ -387,3 +387,15 @@ def test_available_host_memory_reads_meminfo(tmp_path):
     f.write_text("MemTotal:       24576000 kB\nMemFree:  1000 kB\nMemAvailable:   20971520 kB\n")
     assert available_host_memory_gb(str(f)) == pytest.approx(20.0)
     assert available_host_memory_gb(str(tmp_path / "missing")) > 0  # the physical RAM instead
+
+
+def test_cli_plan_checks_cpu_learners_against_this_machine(capsys):
+    from rllib_spear.cli import main
+
+    path = str(ROOT / "configs" / "spear_cpu_demo.yaml")
+    assert main(["plan", path]) == 0
+    out = capsys.readouterr().out
+    assert "GiB available on this machine, where CPU learners run" in out and "CPU learners" in out
+    assert main(["plan", path, "--host-memory-gb", "1"]) == 1  # the 3 GiB allowance alone is more
+    out = capsys.readouterr().out
+    assert "available on this machine" not in out and "more than the 1 GiB of host memory" in out
