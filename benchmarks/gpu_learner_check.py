@@ -199,20 +199,22 @@ def _hf_config(cfg: dict, attn_implementation: str | None = None):
     return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
 
 
-def _layout(cpu_offload: bool = False):
+def _layout(cpu_offload: bool = False, packed: bool = False, attention: str | None = None):
     """The learner layout the training stages run: one FSDP2 rank, bf16 compute over float32
     master weights, activation checkpointing (and with ``cpu_offload`` the shards, gradients and
-    AdamW state in host memory)."""
+    AdamW state in host memory; ``packed``/``attention``: ``--packed``, ``--attn-implementation``)."""
     from rllib_spear.planning.layouts import LearnerLayout
 
     return LearnerLayout(sharding="fsdp", num_learners=1, mixed_precision="bf16", activation_checkpointing=True,
-                         weight_dtype="float32", cpu_offload=cpu_offload)
+                         weight_dtype="float32", cpu_offload=cpu_offload, packed=packed, attention=attention)
 
 
 def _plan(shape, a, cpu_offload: bool = False):
     from rllib_spear.planning.learner import plan_learner
 
-    return plan_learner(shape, _layout(cpu_offload), micro_batch_token_budget=a.budget, max_model_len=a.seq)
+    layout = _layout(cpu_offload, packed=bool(getattr(a, "packed", False)),
+                     attention=getattr(a, "attn_implementation", None))
+    return plan_learner(shape, layout, micro_batch_token_budget=a.budget, max_model_len=a.seq)
 
 
 def _init_process_group(a, dev) -> None:
@@ -439,7 +441,8 @@ def _train(a, dev, cfg: dict, name: str, cpu_offload: bool = False) -> dict:
     planned = plan.total / GIB
     out = {"ok": all(math.isfinite(r["grad_norm"]) and math.isfinite(r["total_loss"]) for r in [first] + results),
            "model": shape.summary(), "params": shape.num_params, "layers": shape.layers,
-           "layout": _layout(cpu_offload).label() + " + bf16", "optimizer": f"AdamW ({adamw_implementation(optimizer)})",
+           "layout": _layout(cpu_offload, packed=a.packed, attention=a.attn_implementation).label() + " + bf16",
+           "optimizer": f"AdamW ({adamw_implementation(optimizer)})",
            "rows": a.rows, "seq": a.seq, "micro_batch_token_budget": a.budget,
            "packed": a.packed, "attn_implementation": model.config._attn_implementation, "ragged": a.ragged,
            "padded_tokens_per_update": _padded_tokens(batch, a.budget), "tokens_per_update": tokens, "seconds_per_update": secs, "update_seconds": times,

@@ -67,9 +67,11 @@ def _autocast(on: bool):
     return torch.autocast("cpu", dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
-def measure_saved(model, ids, mask, *, autocast: bool = False, chunk_size: int | None = None) -> int:
+def measure_saved(model, ids, mask, *, autocast: bool = False, chunk_size: int | None = None,
+                  packed: bool = False) -> int:
     """Bytes of the unique storages autograd saves in ``token_logprobs``' forward (parameters'
-    storages excluded; a bf16 weight copy of autocast counts); ``chunk_size``: its head chunk."""
+    storages excluded; a bf16 weight copy of autocast counts); ``chunk_size``: its head chunk;
+    ``packed``: the rows' real tokens scored as one packed row (``packed_microbatches``)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -81,7 +83,7 @@ def measure_saved(model, ids, mask, *, autocast: bool = False, chunk_size: int |
 
     model.train()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(autocast):
-        out = token_logprobs(model, ids, mask, chunk_size=chunk_size)
+        out = token_logprobs(model, ids, mask, chunk_size=chunk_size, packed=packed)
     del out
     return sum(seen.values())
 

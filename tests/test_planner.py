@@ -399,3 +399,60 @@ def test_cli_plan_checks_cpu_learners_against_this_machine(capsys):
     assert main(["plan", path, "--host-memory-gb", "1"]) == 1  # the 3 GiB allowance alone is more
     out = capsys.readouterr().out
     assert "available on this machine" not in out and "more than the 1 GiB of host memory" in out
+
+
+# ---------------------------------------------------------------------- packed micro-batches
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
+def test_packed_micro_batch_saves_one_dense_mask_row(arch, checkpointing):
+    """packed_microbatches with sdpa: the real tokens of ragged rows scored as one packed row save
+    what one row of N tokens with a dense mask does (the N x N float bias per layer), which is
+    more than the same row without a mask: the term the planner adds for packed layouts."""
+    shape = ModelShape.from_config({"model_type": arch, **_TINY_CFG})
+    model = accuracy.random_model(arch, **_TINY_CFG)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for rows, row_len in ((3, 40), (4, 96)):
+        ids, mask = accuracy.micro_batch(shape.vocab, rows, row_len, padded=True)
+        n = int(mask.sum())
+        scored = int((mask[:, 1:].bool() & mask[:, :-1].bool()).sum())
+        measured = accuracy.measure_saved(model, ids, mask, packed=True)
+        est = saved_bytes(shape, Precision(4), rows=1, row_len=n, checkpointing=checkpointing, padded=True,
+                          scored=scored).total
+        assert abs(est / measured - 1) <= ACTIVATION_TOLERANCE, (rows, row_len, est, measured)
+        if not checkpointing:
+            no_mask = saved_bytes(shape, Precision(4), rows=1, row_len=n, padded=False, scored=scored).total
+            assert measured - no_mask > 0.5 * 2 * n * n * 4  # 2 layers' N x N float32 bias, at least half
+
+
+def test_the_planner_sizes_packed_layouts():
+    from rllib_spear.planning.layouts import LearnerLayout
+
+    shape = ModelShape.from_config(bundled_model_config("Qwen2.5-1.5B-Instruct"))
+    base = LearnerLayout(sharding="fsdp", num_learners=1, mixed_precision="bf16", activation_checkpointing=False)
+    kw = dict(micro_batch_token_budget=16384, max_model_len=4096)
+    padded = planning.plan_learner(shape, base, **kw).activations
+    packed = planning.plan_learner(shape, base.replace(packed=True), **kw).activations
+    flex = planning.plan_learner(shape, base.replace(packed=True, attention="flex_attention"), **kw).activations
+    assert (packed.rows, packed.row_len, packed.padded) == (1, 16384, True)
+    assert (flex.rows, flex.row_len, flex.padded) == (1, 16384, False)
+    # what a mask costs beyond no mask (its float bias, and k/v repeated to all heads, the same for
+    # both): the bias of a padded part is rows x T^2 = 4 x 4096^2 elements per layer, a packed
+    # row's 16384^2; in bf16 over 28 layers the difference is 28 x (16384^2 - 4 x 4096^2) x 2 bytes
+    prec = Precision(2, gathered=True)
+    mask_cost = lambda r, t: saved_bytes(shape, prec, rows=r, row_len=t, padded=True).activations - saved_bytes(  # noqa: E731
+        shape, prec, rows=r, row_len=t, padded=False).activations
+    assert mask_cost(1, 16384) - mask_cost(4, 4096) == 28 * (16384**2 - 4 * 4096**2) * 2  # 10.5 GiB
+    assert packed.total > padded.total > flex.total
+    assert planning.packed_cases(4096, 8192) == [(1, 4096), (1, 8192)]  # a row alone over the budget
+
+
+def test_config_packed_knob_reaches_the_plan():
+    from rllib_spear import GRPOConfig
+
+    cfg = (GRPOConfig().environment("search_qa")
+           .rl_module(model_config={"model_path": "Qwen2.5-1.5B-Instruct", "attn_implementation": "flex_attention"})
+           .learners(packed_microbatches=True))
+    lay = planning.plan(cfg).learner.layout
+    assert lay.packed and lay.attention == "flex_attention" and not lay.dense_packed_mask
+    assert "packed micro-batches (flex_attention: a block mask)" in planning.format_plan(planning.plan(cfg))

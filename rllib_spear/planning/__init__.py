@@ -13,12 +13,12 @@ from .config_plan import check_cpu_learner_memory, check_fits, learner_sequence_
 from .engine import EnginePlan, plan_engine
 from .fixes import plan_problems
 from .layouts import GIB, MEMORY_ERROR, OVERHEAD_GIB, EngineLayout, LearnerLayout
-from .learner import ActivationPeak, LearnerPlan, activation_peak, packing_cases, plan_learner
+from .learner import ActivationPeak, LearnerPlan, activation_peak, packed_cases, packing_cases, plan_learner
 from .memory_plan import MemoryPlan, available_host_memory_gb, plan_memory
 from .report import format_plan
 
 __all__ = [
     "GIB", "OVERHEAD_GIB", "MEMORY_ERROR", "LearnerLayout", "EngineLayout", "ActivationPeak", "LearnerPlan",
-    "EnginePlan", "ColocatedPlan", "MemoryPlan", "activation_peak", "packing_cases", "plan_learner", "plan_engine",
+    "EnginePlan", "ColocatedPlan", "MemoryPlan", "activation_peak", "packed_cases", "packing_cases", "plan_learner", "plan_engine",
     "plan_colocated", "plan_memory", "available_host_memory_gb", "plan", "check_fits", "check_cpu_learner_memory", "learner_sequence_length", "plan_problems", "format_plan",
 ]

@@ -62,6 +62,8 @@ def _layouts_of(config: Any) -> tuple[LearnerLayout, EngineLayout | None, dict]:
         lora=dict(lora) if lora else None,
         reference_model=float(getattr(config, "kl_coeff", 0.0) or 0.0) > 0,
         ddp_bucket_view=bool(ddp_kwargs.get("gradient_as_bucket_view", False)),
+        packed=getattr(config, "packed_microbatches", False) is True,
+        attention=mc.get("attn_implementation") if isinstance(mc.get("attn_implementation"), str) else None,
     )
     ek = dict(getattr(config, "engine_kwargs", None) or {})
     colocate = bool(getattr(config, "colocate", False))

@@ -63,6 +63,14 @@ class LearnerLayout:
     lora: Mapping[str, Any] | None = None
     reference_model: bool = False
     ddp_bucket_view: bool = False  # torch_ddp_kwargs gradient_as_bucket_view: no separate buckets
+    packed: bool = False  # packed_microbatches: a micro-batch's real tokens in one row
+    attention: str | None = None  # model_config["attn_implementation"] (None: transformers' sdpa)
+
+    @property
+    def dense_packed_mask(self) -> bool:
+        """A packed row's block-diagonal mask is a dense N x N one (sdpa, eager), which SDPA turns
+        into an N x N float bias per layer; flex_attention's block mask skips that."""
+        return self.packed and self.attention != "flex_attention"
 
     @property
     def ranks(self) -> int:
@@ -80,6 +88,8 @@ class LearnerLayout:
             parts.append("AC")
         if self.lora:
             parts.append(f"LoRA r={self.lora.get('r', 8)}")
+        if self.packed:
+            parts.append("packed")
         return " + ".join(parts)
 
     def replace(self, **kw: Any) -> "LearnerLayout":

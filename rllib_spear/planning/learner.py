@@ -183,6 +183,19 @@ class LearnerPlan:
         return _gib(self.cpu_ram_per_node) <= host_gib
 
 
+def packed_cases(budget: int, max_len: int) -> list[tuple[int, int]]:
+    """(rows, row length) of ``packed_microbatches`` micro-batches: the real tokens of rows whose
+    lengths sum to at most the budget, in one row of up to ``budget`` tokens (a packed row may be
+    longer than any single row); one row of ``max_len`` when a row alone exceeds the budget.
+    Measured on CPU, a packed sdpa micro-batch of N real tokens saves what one padded-mask row of
+    N tokens does (``activation_peak(rows=1, row_len=N, padded=True)``: the N x N float bias per
+    layer; tests/test_planner.py)."""
+    out = [(1, max(1, budget))]
+    if max_len > budget:
+        out.append((1, max_len))
+    return out
+
+
 def plan_learner(shape: ModelShape, layout: LearnerLayout, *, micro_batch_token_budget: int, max_model_len: int,
                  chunk_size: int | None = None, gpus_per_node: int = GPUS_PER_NODE) -> LearnerPlan:
     """The per-GPU bytes of ``layout`` for micro-batches of ``micro_batch_token_budget`` tokens
@@ -215,9 +228,13 @@ def plan_learner(shape: ModelShape, layout: LearnerLayout, *, micro_batch_token_
         cpu_rank = params + grads + optim + step_temp + (p_all * w / s if layout.reference_model else 0)
         reference = shape.root_params * prec.weight_bytes if layout.reference_model else 0
         params = grads = optim = step_temp = 0
+    if layout.packed:  # one row of up to the budget's real tokens, its mask dense unless flex_attention
+        cases, padded = packed_cases(micro_batch_token_budget, max_model_len), layout.dense_packed_mask
+    else:
+        cases, padded = packing_cases(micro_batch_token_budget, max_model_len), None
     acts = max((activation_peak(shape, prec, rows=r, row_len=t, checkpointing=layout.activation_checkpointing,
-                                lora=lora, chunk_size=chunk_size)
-                for r, t in packing_cases(micro_batch_token_budget, max_model_len)), key=lambda a: a.total + a.autocast_weights)
+                                lora=lora, chunk_size=chunk_size, padded=padded)
+                for r, t in cases), key=lambda a: a.total + a.autocast_weights)
     return LearnerPlan(
         layout=layout, params=int(params), grads=int(grads), optim=int(optim), buckets=int(buckets),
         gathered=int(gathered), autocast_copy=acts.autocast_weights, activations=acts,

@@ -27,7 +27,10 @@ def _layout_words(lay: LearnerLayout) -> str:
             if lay.lora else "full fine-tune")
     return (f"{lay.ranks} learner(s), sharding {lay.sharding}{' + cpu_offload' if lay.cpu_offload else ''}, "
             f"{mp}, activation checkpointing {'on' if lay.activation_checkpointing else 'off'}, {tune}, "
-            f"{'a frozen reference model (kl_coeff > 0)' if lay.reference_model else 'no reference model'}")
+            f"{'a frozen reference model (kl_coeff > 0)' if lay.reference_model else 'no reference model'}"
+            + (f", packed micro-batches ({lay.attention or 'sdpa'}"
+               f"{': a dense N x N mask per layer' if lay.dense_packed_mask else ': a block mask'})"
+               if lay.packed else ""))
 
 
 def _breakdown(lp: LearnerPlan) -> list[str]:
@@ -44,7 +47,10 @@ def _breakdown(lp: LearnerPlan) -> list[str]:
         rows.append(("FSDP gathered", lp.gathered, "2 blocks + 1 block's unsharded grads + the root group and its grads"))
     if lp.autocast_copy:
         rows.append(("autocast weight copy", lp.autocast_copy, "bf16 copies of the matmul weights (forward)"))
-    pack = f"{a.rows} x {a.row_len} tokens{' padded' if a.padded else ''}"
+    if lay.packed:
+        pack = f"1 packed row of {a.row_len} tokens{' (dense N x N mask)' if a.padded else ''}"
+    else:
+        pack = f"{a.rows} x {a.row_len} tokens{' padded' if a.padded else ''}"
     rows.append(("activations", a.total, f"worst packing {pack}: saved {_g(a.saved)} + held {_g(a.held)} + "
                  f"max(head phase {_g(a.head)}, block phase {_g(a.recompute + a.workspace)} = recomputed block "
                  f"{_g(a.recompute)} + gradient buffers {_g(a.workspace)})"))
