@@ -171,6 +171,9 @@ def main():
     ap.add_argument("--spread", type=float, default=0.1, help="row lengths spread +- this fraction of --tokens")
     ap.add_argument("--packed", action="store_true",
                     help="also time the learner with learners(packed_microbatches=True)")
+    ap.add_argument("--packed-attention", default="sdpa",
+                    help="with --packed: comma-separated attention kernels of the packed learner, each timed "
+                         "(sdpa: transformers' N x N mask; sdpa_varlen: one causal SDPA per document)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -211,15 +214,17 @@ def main():
     ratio = learn / bare
     print(f"ratio learner/bare: {ratio:.3f}x  (target >= 0.9x: {'OK' if ratio >= 0.9 else 'BELOW'})")
     if args.packed:
-        tok_p, t_packed, _ = bench_learner(cfg.copy(copy_frozen=False).learners(packed_microbatches=True), rows,
-                                           args.iters)
-        packed = tok_p / float(np.median(t_packed))
         carried = padded_tokens(batch, cfg.micro_batch_token_budget)
         print(f"padded micro-batches carry {carried} tokens for {tok_l} real ones "
-              f"({1 - tok_l / carried:.1%} padding); packed: {tok_p} real tokens")
-        print(f"learner, packed   : {packed:10.1f} tokens/s  (median {np.median(t_packed) * 1e3:.1f} ms/update, "
-              f"spread {min(t_packed) * 1e3:.1f}-{max(t_packed) * 1e3:.1f})")
-        print(f"packed/padded     : {packed / learn:.3f}x trained (real) tokens/s")
+              f"({1 - tok_l / carried:.1%} padding)")
+        for attn in [a for a in args.packed_attention.split(",") if a]:
+            packed_cfg = (cfg.copy(copy_frozen=False).learners(packed_microbatches=True)
+                          .rl_module(model_config={"model_path": path, "attn_implementation": attn}))
+            tok_p, t_packed, _ = bench_learner(packed_cfg, rows, args.iters)
+            packed = tok_p / float(np.median(t_packed))
+            print(f"learner, packed {attn:<12}: {packed:10.1f} tokens/s  (median {np.median(t_packed) * 1e3:.1f} "
+                  f"ms/update, spread {min(t_packed) * 1e3:.1f}-{max(t_packed) * 1e3:.1f}); "
+                  f"packed/padded {packed / learn:.3f}x trained (real) tokens/s")
 
 
 if __name__ == "__main__":

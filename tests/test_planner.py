@@ -404,23 +404,30 @@ def test_cli_plan_checks_cpu_learners_against_this_machine(capsys):
 # ---------------------------------------------------------------------- packed micro-batches
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["no-ckpt", "ckpt"])
-def test_packed_micro_batch_saves_one_dense_mask_row(arch, checkpointing):
-    """packed_microbatches with sdpa: the real tokens of ragged rows scored as one packed row save
-    what one row of N tokens with a dense mask does (the N x N float bias per layer), which is
-    more than the same row without a mask: the term the planner adds for packed layouts."""
+@pytest.mark.parametrize("attention", ["sdpa", "sdpa_varlen"])
+def test_packed_micro_batch_saved_bytes(arch, checkpointing, attention):
+    """packed_microbatches: the real tokens of ragged rows scored as one packed row of N tokens.
+    sdpa saves what one row of N tokens with a dense mask does (the N x N float bias per layer,
+    more than the same row without a mask: the term the planner adds for packed layouts);
+    sdpa_varlen saves no bias, only the repeated k/v and the documents' outputs beside their
+    concatenation (``saved_bytes(varlen=True)``)."""
+    from rllib_spear.models import varlen_attention  # noqa: F401  registers "sdpa_varlen"
+
     shape = ModelShape.from_config({"model_type": arch, **_TINY_CFG})
     model = accuracy.random_model(arch, **_TINY_CFG)
+    model.config._attn_implementation = attention
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    varlen = attention == "sdpa_varlen"
     for rows, row_len in ((3, 40), (4, 96)):
         ids, mask = accuracy.micro_batch(shape.vocab, rows, row_len, padded=True)
         n = int(mask.sum())
         scored = int((mask[:, 1:].bool() & mask[:, :-1].bool()).sum())
         measured = accuracy.measure_saved(model, ids, mask, packed=True)
-        est = saved_bytes(shape, Precision(4), rows=1, row_len=n, checkpointing=checkpointing, padded=True,
-                          scored=scored).total
+        est = saved_bytes(shape, Precision(4), rows=1, row_len=n, checkpointing=checkpointing, padded=not varlen,
+                          scored=scored, varlen=varlen).total
         assert abs(est / measured - 1) <= ACTIVATION_TOLERANCE, (rows, row_len, est, measured)
-        if not checkpointing:
+        if not checkpointing and not varlen:
             no_mask = saved_bytes(shape, Precision(4), rows=1, row_len=n, padded=False, scored=scored).total
             assert measured - no_mask > 0.5 * 2 * n * n * 4  # 2 layers' N x N float32 bias, at least half
 
@@ -443,7 +450,9 @@ def test_the_planner_sizes_packed_layouts():
     mask_cost = lambda r, t: saved_bytes(shape, prec, rows=r, row_len=t, padded=True).activations - saved_bytes(  # noqa: E731
         shape, prec, rows=r, row_len=t, padded=False).activations
     assert mask_cost(1, 16384) - mask_cost(4, 4096) == 28 * (16384**2 - 4 * 4096**2) * 2  # 10.5 GiB
-    assert packed.total > padded.total > flex.total
+    varlen = planning.plan_learner(shape, base.replace(packed=True, attention="sdpa_varlen"), **kw).activations
+    assert (varlen.rows, varlen.row_len, varlen.padded) == (1, 16384, False)
+    assert packed.total > padded.total > varlen.total > flex.total  # varlen: repeated k/v, two outputs
     assert planning.packed_cases(4096, 8192) == [(1, 4096), (1, 8192)]  # a row alone over the budget
 
 
@@ -455,4 +464,4 @@ def test_config_packed_knob_reaches_the_plan():
            .learners(packed_microbatches=True))
     lay = planning.plan(cfg).learner.layout
     assert lay.packed and lay.attention == "flex_attention" and not lay.dense_packed_mask
-    assert "packed micro-batches (flex_attention: a block mask)" in planning.format_plan(planning.plan(cfg))
+    assert "packed micro-batches (flex_attention: no dense mask)" in planning.format_plan(planning.plan(cfg))

@@ -187,7 +187,8 @@ class _Trace:
         return self.new(max(a.elems, b.elems), max(a.nbytes, b.nbytes), a.rg or b.rg)
 
 
-def _block(tr: _Trace, s: "ModelShape", x: _T, cos: _T, sin: _T, mask_len: int, train_base: bool) -> _T:
+def _block(tr: _Trace, s: "ModelShape", x: _T, cos: _T, sin: _T, mask_len: int, train_base: bool,
+           varlen: bool = False) -> _T:
     p = tr.prec
     lin = s.linear_shapes()
 
@@ -201,7 +202,7 @@ def _block(tr: _Trace, s: "ModelShape", x: _T, cos: _T, sin: _T, mask_len: int, 
     # RoPE: (q * cos) + (rotate_half(q) * sin); cos/sin need no grad, so only they are kept
     q = tr.add(tr.mul(q, cos), tr.mul(tr.new(q.elems, q.nbytes, q.rg), sin))
     k = tr.add(tr.mul(k, cos), tr.mul(tr.new(k.elems, k.nbytes, k.rg), sin))
-    if mask_len and s.kv_heads != s.heads:  # repeat_kv: a boolean mask rules out SDPA's enable_gqa
+    if (mask_len or varlen) and s.kv_heads != s.heads:  # repeat_kv: a mask (or sdpa_varlen) repeats k/v
         k, v = tr.new(s.q_width, k.nbytes, k.rg), tr.new(s.q_width, v.nbytes, v.rg)
     cb = p.compute_bytes
     qc, kc, vc = (tr.new(t.elems, cb, t.rg) if t.nbytes != cb else t for t in (q, k, v))
@@ -210,6 +211,8 @@ def _block(tr: _Trace, s: "ModelShape", x: _T, cos: _T, sin: _T, mask_len: int, 
         tr.keep(qc, kc, vc, out, tr.new(s.heads, 4, False))  # + float32 log-sum-exp per head
         if mask_len:
             tr.keep(tr.new(mask_len, cb, False))  # the boolean mask as a float bias, per call
+    if varlen:  # sdpa_varlen: each document's output is its own storage; o_proj gets their concatenation
+        out = tr.new(s.q_width, cb, out.rg)
     o = linear(out, "o_proj")
     h1 = tr.add(x, o)
     a2 = tr.rmsnorm(h1, 1, train_base)
@@ -222,7 +225,8 @@ def _block(tr: _Trace, s: "ModelShape", x: _T, cos: _T, sin: _T, mask_len: int, 
 
 
 def _trace(shape: "ModelShape", prec: Precision, *, checkpointing: bool, mask_len: int,
-           lora_targets: Iterable[str], lora_r: int, lora_dropout: bool, layers: int | None) -> _Trace:
+           lora_targets: Iterable[str], lora_r: int, lora_dropout: bool, layers: int | None,
+           varlen: bool = False) -> _Trace:
     tr = _Trace(prec, frozenset(lora_targets), lora_r, lora_dropout)
     lora = bool(tr.lora_targets)
     train_base = not lora
@@ -237,7 +241,7 @@ def _trace(shape: "ModelShape", prec: Precision, *, checkpointing: bool, mask_le
             tr.keep(x)  # the checkpoint keeps the block's input; the block is recomputed
             x = tr.new(x.elems, x.nbytes, True)  # the residual stream keeps the embeddings' dtype
         else:
-            x = _block(tr, shape, x, cos, sin, mask_len, train_base)
+            x = _block(tr, shape, x, cos, sin, mask_len, train_base, varlen)
     tr.hidden = tr.rmsnorm(x, 1, train_base)
     if tr.hidden.rg or train_base:
         tr.keep(tr.new(1, 1, False))  # the [B, T] bool scored-target mask masked_scatter keeps
@@ -278,7 +282,7 @@ def saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int
                 checkpointing: bool = False, padded: bool | None = None,
                 lora_targets: Iterable[str] = (), lora_r: int = 0, lora_dropout: bool = False,
                 layers: int | None = None, scored: int | None = None,
-                chunk_size: int | None = None) -> SavedBytes:
+                chunk_size: int | None = None, varlen: bool = False) -> SavedBytes:
     """What autograd keeps after ``token_logprobs`` runs forward on ``rows`` x ``row_len`` tokens.
 
     ``padded`` (default: ``rows > 1``): the micro-batch has padding, so HF passes SDPA a boolean
@@ -288,10 +292,12 @@ def saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int
     tokens); default ``rows * (row_len - 1)``, every position with a left context, the most a
     micro-batch can score. ``chunk_size``: ``token_logprobs``' head chunk (default: its own); the
     head is checkpointed, and keeps less, when the scored positions span more than one chunk
-    (``_head_saved``)."""
+    (``_head_saved``). ``varlen``: a packed row under ``attn_implementation="sdpa_varlen"``
+    (models/varlen_attention.py): no mask, k/v repeated to all heads, and the documents'
+    outputs concatenated into a second q-wide tensor per layer (pass ``padded=False``)."""
     padded = rows > 1 if padded is None else padded
     tr = _trace(shape, prec, checkpointing=checkpointing, mask_len=row_len if padded else 0,
-                lora_targets=lora_targets, lora_r=lora_r, lora_dropout=lora_dropout, layers=layers)
+                lora_targets=lora_targets, lora_r=lora_r, lora_dropout=lora_dropout, layers=layers, varlen=varlen)
     n = rows * max(0, row_len - 1) if scored is None else int(scored)
     if n < 0:
         raise ValueError(f"scored={scored}: the number of scored positions must be >= 0")
@@ -304,7 +310,7 @@ def saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int
 
 def block_saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_len: int,
                       padded: bool | None = None, lora_targets: Iterable[str] = (), lora_r: int = 0,
-                      lora_dropout: bool = False) -> SavedBytes:
+                      lora_dropout: bool = False, varlen: bool = False) -> SavedBytes:
     """One block's saved tensors (input needing grad, shared cos/sin excluded): what exists while
     activation checkpointing recomputes it in the backward pass."""
     padded = rows > 1 if padded is None else padded
@@ -312,7 +318,7 @@ def block_saved_bytes(shape: "ModelShape", prec: Precision, *, rows: int, row_le
     x_bytes = 4 if prec.autocast else prec.weight_bytes
     x = tr.new(shape.hidden, x_bytes, True)
     cos, sin = tr.new(shape.head_dim, x_bytes, False), tr.new(shape.head_dim, x_bytes, False)
-    _block(tr, shape, x, cos, sin, row_len if padded else 0, not tr.lora_targets)
+    _block(tr, shape, x, cos, sin, row_len if padded else 0, not tr.lora_targets, varlen)
     for t in (x, cos, sin):  # already kept by the checkpoint (x) or once per micro-batch
         tr.saved.pop(t.sid, None)
     return SavedBytes(tokens=rows * row_len, per_token=float(sum(tr.saved.values())),

@@ -31,9 +31,12 @@ def load_causal_lm(model_path: str | None = None, *, config: Any = None, dtype: 
     ``gradient_checkpointing``: non-reentrant activation checkpointing of the blocks (and no KV
     cache). ``lora``: ``peft.LoraConfig`` kwargs; the returned model is then the PEFT model,
     whose adapters alone train. ``attn_implementation``: transformers' attention kernel
-    ("sdpa", "eager", "flex_attention", ...; None: transformers' default, "sdpa" where it can),
-    e.g. "flex_attention" for packed micro-batches on a GPU (docs/design.md "Packed micro-batches")."""
+    ("sdpa", "eager", "flex_attention", "sdpa_varlen", ...; None: transformers' default, "sdpa" where
+    it can), e.g. "sdpa_varlen" (models/varlen_attention.py) or "flex_attention" for packed
+    micro-batches (docs/design.md "Packed micro-batches")."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from . import varlen_attention  # noqa: F401  registers "sdpa_varlen" before a config names it
 
     dt = torch_dtype(dtype)
     attn = {"attn_implementation": attn_implementation} if attn_implementation else {}

@@ -26,10 +26,12 @@ __all__ = ["PACKED_ATTENTION", "PackedRows", "pack_rows", "unpack_rows", "check_
 
 #: The attention implementations whose mask transformers builds block-diagonal from restarting
 #: position ids (masking_utils: the packed-sequence mask is and-ed into their mask function).
+#: "sdpa_varlen" (models/varlen_attention.py) reads the documents from the position ids and
+#: builds no mask at all.
 #: "flash_attention_*" reads packed position ids through its own varlen path instead; it is not
 #: listed because nothing here tests it (it needs the flash-attn package, which this project
 #: does not install).
-PACKED_ATTENTION = ("sdpa", "eager", "flex_attention")
+PACKED_ATTENTION = ("sdpa", "eager", "flex_attention", "sdpa_varlen")
 
 
 @dataclass(frozen=True)

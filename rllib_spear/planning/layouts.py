@@ -69,8 +69,9 @@ class LearnerLayout:
     @property
     def dense_packed_mask(self) -> bool:
         """A packed row's block-diagonal mask is a dense N x N one (sdpa, eager), which SDPA turns
-        into an N x N float bias per layer; flex_attention's block mask skips that."""
-        return self.packed and self.attention != "flex_attention"
+        into an N x N float bias per layer; flex_attention's block mask and sdpa_varlen (no mask)
+        skip that."""
+        return self.packed and self.attention in (None, "sdpa", "eager")
 
     @property
     def ranks(self) -> int:

@@ -59,7 +59,7 @@ def _lora_args(shape: ModelShape, lora: Mapping[str, Any] | None) -> dict:
 def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: int, checkpointing: bool,
                     lora: Mapping[str, Any] | None = None, full_finetune: bool | None = None,
                     chunk_size: int | None = None, padded: bool | None = None,
-                    scored: int | None = None) -> ActivationPeak:
+                    scored: int | None = None, varlen: bool = False) -> ActivationPeak:
     """Activations of one ``rows`` x ``row_len`` micro-batch (see ``ActivationPeak``).
 
     Head chunk: ``chunk = chunk_size or max(1, DEFAULT_CHUNK_ELEMENTS // (rows * V))`` positions
@@ -78,7 +78,7 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
     la = _lora_args(shape, lora)
     scored = rows * max(0, row_len - 1) if scored is None else int(scored)  # default: the most
     sb = saved_bytes(shape, prec, rows=rows, row_len=row_len, checkpointing=checkpointing, padded=padded,
-                     scored=scored, chunk_size=chunk_size, **la)
+                     scored=scored, chunk_size=chunk_size, varlen=varlen, **la)
     tokens = rows * row_len
     cb = prec.compute_bytes
     x_bytes = prec.weight_bytes  # the residual stream keeps the embeddings' dtype
@@ -87,7 +87,8 @@ def activation_peak(shape: ModelShape, prec: Precision, *, rows: int, row_len: i
         held = tokens * 2 * shape.head_dim * x_bytes + (tokens * row_len if padded else 0)
         # sized as a trained block even under LoRA: a frozen layer keeps less, but its backward
         # allocates the same input gradients (measured: LoRA's block phase is the full one's)
-        recompute = block_saved_bytes(shape, prec, rows=rows, row_len=row_len, padded=padded).activations
+        recompute = block_saved_bytes(shape, prec, rows=rows, row_len=row_len, padded=padded,
+                                      varlen=varlen).activations
     per_chunk = head_rows_per_chunk(shape, rows, chunk_size)
     elems = max(1, min(per_chunk, scored)) * shape.vocab
     # the chunk's logits + ~3 float32 buffers (log-softmax temporaries / its gradient), or, in the
@@ -228,12 +229,13 @@ def plan_learner(shape: ModelShape, layout: LearnerLayout, *, micro_batch_token_
         cpu_rank = params + grads + optim + step_temp + (p_all * w / s if layout.reference_model else 0)
         reference = shape.root_params * prec.weight_bytes if layout.reference_model else 0
         params = grads = optim = step_temp = 0
-    if layout.packed:  # one row of up to the budget's real tokens, its mask dense unless flex_attention
+    if layout.packed:  # one row of up to the budget's real tokens: a dense mask under sdpa/eager
         cases, padded = packed_cases(micro_batch_token_budget, max_model_len), layout.dense_packed_mask
     else:
         cases, padded = packing_cases(micro_batch_token_budget, max_model_len), None
+    varlen = layout.packed and layout.attention == "sdpa_varlen"
     acts = max((activation_peak(shape, prec, rows=r, row_len=t, checkpointing=layout.activation_checkpointing,
-                                lora=lora, chunk_size=chunk_size, padded=padded)
+                                lora=lora, chunk_size=chunk_size, padded=padded, varlen=varlen)
                 for r, t in cases), key=lambda a: a.total + a.autocast_weights)
     return LearnerPlan(
         layout=layout, params=int(params), grads=int(grads), optim=int(optim), buckets=int(buckets),

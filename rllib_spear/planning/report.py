@@ -29,7 +29,7 @@ def _layout_words(lay: LearnerLayout) -> str:
             f"{mp}, activation checkpointing {'on' if lay.activation_checkpointing else 'off'}, {tune}, "
             f"{'a frozen reference model (kl_coeff > 0)' if lay.reference_model else 'no reference model'}"
             + (f", packed micro-batches ({lay.attention or 'sdpa'}"
-               f"{': a dense N x N mask per layer' if lay.dense_packed_mask else ': a block mask'})"
+               f"{': a dense N x N mask per layer' if lay.dense_packed_mask else ': no dense mask'})"
                if lay.packed else ""))
 
 

@@ -54,10 +54,11 @@ def _batch() -> dict:
                                  num_epochs=TRAINING["num_epochs"])[0]
 
 
-def _config(path, *, packed: bool, **training):
+def _config(path, *, packed: bool, attn: str | None = None, **training):
+    model_config = {"model_path": path, **({"attn_implementation": attn} if attn else {})}
     return (GRPOConfig().environment("search_qa").env_runners(num_env_runners=0)
             .training(**{**TRAINING, **training}).learners(packed_microbatches=packed)
-            .rl_module(model_config={"model_path": path}).debugging(seed=0))
+            .rl_module(model_config=model_config).debugging(seed=0))
 
 
 def _assert_same(packed: dict, padded: dict) -> None:
@@ -111,6 +112,20 @@ def test_rllib_learner_packed_equals_padded_with_the_kl_reference(path, monkeypa
     packed = _learner_update(_config(path, packed=True, kl_coeff=0.05))
     assert calls  # the knob reached the module (and the reference)
     assert "kl" in " ".join(padded)
+    _assert_same(packed, padded)
+
+
+def test_rllib_learner_packed_varlen_equals_padded(path, monkeypatch):
+    """model_config["attn_implementation"]="sdpa_varlen": the learner (and its KL reference)
+    score packed rows one document per SDPA call, and the update equals the padded sdpa one."""
+    from rllib_spear.models import varlen_attention
+
+    calls = []
+    real_bounds = varlen_attention.document_bounds
+    monkeypatch.setattr(varlen_attention, "document_bounds", lambda pos: calls.append(1) or real_bounds(pos))
+    padded = _learner_update(_config(path, packed=False, kl_coeff=0.05))
+    packed = _learner_update(_config(path, packed=True, attn="sdpa_varlen", kl_coeff=0.05))
+    assert calls  # the varlen kernel ran
     _assert_same(packed, padded)
 
 

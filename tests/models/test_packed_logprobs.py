@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from rllib_spear.models import packing
+from rllib_spear.models import packing, varlen_attention
 from rllib_spear.models.logprobs import token_logprobs
 
 LENGTHS = (23, 17, 1, 9, 12)  # real tokens per row; one row of a single token
@@ -27,7 +27,7 @@ def _load(tiny_path, attn):
     return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation=attn)
 
 
-@pytest.fixture(scope="module", params=["sdpa", "eager"])
+@pytest.fixture(scope="module", params=["sdpa", "eager", "sdpa_varlen"])
 def model(request, tiny_path):
     return _load(tiny_path, request.param)
 
@@ -134,8 +134,39 @@ def test_the_block_diagonal_mask_comes_from_transformers(model, monkeypatch):
     the equality above is the document mask's, not a coincidence of the positions."""
     from transformers import masking_utils
 
+    if model.config._attn_implementation == varlen_attention.VARLEN_ATTENTION:
+        pytest.skip("sdpa_varlen builds no mask: test_varlen_attention_splits_the_documents")
     monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
     assert _max_diff_to_padded(model) > 1e-2
+
+
+def test_varlen_attention_splits_the_documents(tiny_path, monkeypatch):
+    """sdpa_varlen: every attention call of a packed forward is one document's causal SDPA, with
+    no mask tensor (5 rows x 2 layers = 10 calls); treated as one document, the rows attend to
+    each other and the log-probs move (so the equality above is the split's)."""
+    import torch.nn.functional as F
+
+    model = _load(tiny_path, varlen_attention.VARLEN_ATTENTION)
+    real_sdpa, calls = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        calls.append((q.shape[2], attn_mask is None, kw.get("is_causal")))
+        return real_sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    assert _max_diff_to_padded(model) < 1e-5
+    packed_calls = [c for c in calls if c[1] and c[2]]
+    layers = model.config.num_hidden_layers
+    assert sorted(n for n, _, _ in packed_calls) == sorted(list(LENGTHS) * layers)  # one call per row and layer
+    monkeypatch.setattr(varlen_attention, "document_bounds", lambda position_ids: [0, position_ids.shape[-1]])
+    assert _max_diff_to_padded(model) > 1e-2
+
+
+def test_document_bounds_follow_restarting_positions():
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
+    assert varlen_attention.document_bounds(pos) == [0, 3, 5, 6, 10]
+    assert varlen_attention.document_bounds(torch.arange(7).unsqueeze(0)) == [0, 7]
+    assert varlen_attention.document_bounds(torch.tensor([[5, 6, 9, 10]])) == [0, 2, 4]  # a jump also starts one
 
 
 @pytest.mark.slow
