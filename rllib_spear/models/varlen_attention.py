@@ -7,12 +7,15 @@ bias in every layer: N^2 scores computed and (without checkpointing) N^2 bias el
 where the documents need only the sum of their L^2 (docs/design.md "Packed micro-batches").
 
 This kernel computes each document's causal attention apart, with torch's own SDPA and
-``is_causal=True`` (the flash kernel on CPU and GPU, no mask tensor): for documents at
-[s_0, s_1), [s_1, s_2), ... of the packed row,
+``is_causal=True`` (no mask tensor): for documents at [s_0, s_1), [s_1, s_2), ... of the packed
+row,
 
     out[:, :, s_i:s_{i+1}] = SDPA(q[:, :, s_i:s_{i+1}], k[:, :, s_i:s_{i+1}], v[:, :, s_i:s_{i+1}], causal)
 
-which is exactly the block-diagonal causal attention of the dense mask. The document starts are
+which is exactly the block-diagonal causal attention of the dense mask. On a GPU in bf16/fp16
+the documents go to SDPA as one nested (jagged) tensor, which torch runs as one varlen flash
+kernel over the documents' offsets (``torch.nested.nested_tensor_from_jagged``); elsewhere (CPU,
+float32, where torch has no causal jagged kernel) as one SDPA call per document. The document starts are
 where the position ids do not step by +1 (transformers' packed-sequence rule). Anything else (a
 padded batch with a mask, a batch of several rows, no position ids) runs transformers' "sdpa"
 unchanged, so a model loaded with this kernel also scores and generates padded batches.
@@ -29,12 +32,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["VARLEN_ATTENTION", "document_bounds", "varlen_sdpa_attention", "register"]
+__all__ = ["VARLEN_ATTENTION", "document_bounds", "varlen_sdpa_attention", "nested_causal_sdpa", "use_nested",
+           "register"]
 
 #: The ``attn_implementation`` name of this kernel.
 VARLEN_ATTENTION = "sdpa_varlen"
 
+#: Whether CUDA bf16/fp16 packed rows use the one-kernel jagged path (else one call per document).
+NESTED_ON_CUDA = True
+
 _bounds_cache: tuple[Any, list[int]] | None = None  # (position ids tensor, its bounds): one per forward
+_nested_failed = False  # the jagged path raised once in this process: one call per document from then on
 
 
 def document_bounds(position_ids: torch.Tensor) -> list[int]:
@@ -75,11 +83,46 @@ def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     p = dropout if module.training else 0.0
     if len(bounds) == 2:
         out = F.scaled_dot_product_attention(query, key, value, dropout_p=p, is_causal=True, scale=scaling)
-    else:
-        out = torch.cat([F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
-                                                        dropout_p=p, is_causal=True, scale=scaling)
-                         for s, e in zip(bounds[:-1], bounds[1:])], dim=2)
+        return out.transpose(1, 2).contiguous(), None
+    if use_nested(query):
+        try:
+            return nested_causal_sdpa(query, key, value, bounds, dropout=p, scale=scaling), None
+        except RuntimeError as e:  # a kernel this GPU / torch lacks: the exact per-document path
+            _fall_back(e)
+    out = torch.cat([F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e],
+                                                    dropout_p=p, is_causal=True, scale=scaling)
+                     for s, e in zip(bounds[:-1], bounds[1:])], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def use_nested(query: torch.Tensor) -> bool:
+    """The jagged one-kernel path: CUDA, half precision (flash varlen), not switched off."""
+    return (NESTED_ON_CUDA and not _nested_failed and query.is_cuda
+            and query.dtype in (torch.bfloat16, torch.float16))
+
+
+def _fall_back(error: Exception) -> None:
+    global _nested_failed
+    _nested_failed = True
+    import logging
+
+    logging.getLogger(__name__).warning(
+        "sdpa_varlen: the jagged SDPA path failed (%s); one SDPA call per document from now on", error)
+
+
+def nested_causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: list[int], *,
+                       dropout: float = 0.0, scale: float | None = None) -> torch.Tensor:
+    """Causal SDPA of each document of a packed row in one call on jagged tensors: ``query``,
+    ``key``, ``value`` [1, H, N, d] (equal heads), ``bounds`` the documents' offsets; returns
+    [1, N, H, d], the documents' outputs in their packed places."""
+    offsets = torch.tensor(bounds, dtype=torch.int64, device=query.device)
+
+    def jagged(x: torch.Tensor) -> torch.Tensor:  # [1, H, N, d] -> [docs, H, j, d]
+        return torch.nested.nested_tensor_from_jagged(x[0].transpose(0, 1).contiguous(), offsets).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jagged(query), jagged(key), jagged(value), dropout_p=dropout,
+                                         is_causal=True, scale=scale)
+    return out.transpose(1, 2).values().unsqueeze(0)  # [docs, j, H, d] -> values [N, H, d] -> [1, N, H, d]
 
 
 def _varlen_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,

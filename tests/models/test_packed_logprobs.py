@@ -206,3 +206,49 @@ def test_packed_scoring_refuses_explicit_positions(model):
     ids, mask, _ = _batch(model.config.vocab_size, "right")
     with pytest.raises(ValueError, match="position_ids=None"):
         token_logprobs(model, ids, mask, packed=True, position_ids=torch.zeros_like(ids))
+
+
+def _fake_jagged_sdpa(real_sdpa):
+    """A stand-in for torch's CUDA jagged kernel (CPU has no causal jagged SDPA): each component
+    of the jagged inputs through the dense kernel, re-nested at the same offsets."""
+    def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        if not q.is_nested:
+            return real_sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+        outs = [real_sdpa(a[None], b[None], c[None], is_causal=is_causal, scale=scale)[0]  # [H, L, d]
+                for a, b, c in zip(q.unbind(), k.unbind(), v.unbind())]
+        values = torch.cat([o.transpose(0, 1) for o in outs])  # [N, H, d]
+        return torch.nested.nested_tensor_from_jagged(values, q.offsets()).transpose(1, 2)
+    return sdpa
+
+
+def test_nested_path_places_each_document(monkeypatch):
+    """The GPU path's plumbing (jagged tensors from the packed row's offsets and back), checked on
+    CPU with the jagged kernel stood in for: the same output as one SDPA call per document."""
+    g = torch.Generator().manual_seed(0)
+    bounds = [0, 5, 6, 13, 20]
+    q, k, v = (torch.randn(1, 4, 20, 8, generator=g, requires_grad=True) for _ in range(3))
+    w = torch.randn(1, 20, 4, 8, generator=g)
+    loop = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True) for s, e in zip(bounds[:-1], bounds[1:])], 2)
+    loop_grads = torch.autograd.grad((loop.transpose(1, 2) * w).sum(), (q, k, v))
+    monkeypatch.setattr(varlen_attention.F, "scaled_dot_product_attention",
+                        _fake_jagged_sdpa(torch.nn.functional.scaled_dot_product_attention))
+    out = varlen_attention.nested_causal_sdpa(q, k, v, bounds)
+    assert out.shape == (1, 20, 4, 8)
+    torch.testing.assert_close(out, loop.transpose(1, 2), atol=1e-6, rtol=0)
+    for a, b in zip(torch.autograd.grad((out * w).sum(), (q, k, v)), loop_grads):  # gradients flow back too
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    assert not varlen_attention.use_nested(q)  # CPU float32: one call per document
+
+
+def test_a_failing_nested_kernel_falls_back_to_the_exact_loop(tiny_path, monkeypatch, caplog):
+    model = _load(tiny_path, varlen_attention.VARLEN_ATTENTION)
+    monkeypatch.setattr(varlen_attention, "use_nested", lambda query: not varlen_attention._nested_failed)
+    monkeypatch.setattr(varlen_attention, "_nested_failed", False)
+
+    def no_kernel(*a, **kw):
+        raise RuntimeError("No viable backend for scaled_dot_product_attention was found.")
+
+    monkeypatch.setattr(varlen_attention, "nested_causal_sdpa", no_kernel)
+    assert _max_diff_to_padded(model) < 1e-5
+    assert varlen_attention._nested_failed and "one SDPA call per document" in caplog.text
