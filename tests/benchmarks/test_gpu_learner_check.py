@@ -176,3 +176,23 @@ def test_a_failing_stage_reports_its_error_and_the_next_one_runs():
     assert by_stage["imports"]["ok"] is True
     assert by_stage["summary"]["ok"] is False and by_stage["summary"]["stages"] == {"fsdp_7b_cut": False,
                                                                                       "imports": True}
+
+
+def test_the_device_session_script_parses_and_its_steps_are_valid_calls():
+    """benchmarks/gpu_learner_session.sh (one device call): bash accepts it, every step's flags
+    parse as gpu_learner_check arguments, and the steps' timeouts fit one call (600 s)."""
+    import shlex
+
+    root = Path(__file__).resolve().parents[2]
+    script = root / "benchmarks" / "gpu_learner_session.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    sys.path.insert(0, str(root / "benchmarks"))
+    import gpu_learner_check
+
+    steps = [shlex.split(line.strip())[1:] for line in script.read_text().splitlines()
+             if line.strip().startswith("step ") and not line.strip().startswith("step()")]
+    assert len(steps) == 6
+    for name, secs, *flags in steps:
+        a = gpu_learner_check.parse_args(flags)
+        assert a.stages, name
+    assert sum(int(secs) for _, secs, *_ in steps) <= 560  # + the torch probe and the table, under 600
