@@ -17,8 +17,8 @@ the documents go to SDPA as one nested (jagged) tensor, which torch runs as one 
 kernel over the documents' offsets (``torch.nested.nested_tensor_from_jagged``); elsewhere (CPU,
 float32, where torch has no causal jagged kernel) as one SDPA call per document. The document starts are
 where the position ids do not step by +1 (transformers' packed-sequence rule). Anything else (a
-padded batch with a mask, a batch of several rows, no position ids) runs transformers' "sdpa"
-unchanged, so a model loaded with this kernel also scores and generates padded batches.
+padded batch with a mask, a batch of several rows, no position ids, keys from a KV cache) runs
+transformers' "sdpa" unchanged, so a model loaded with this kernel also scores and generates.
 
 Registered with transformers' ``AttentionInterface`` and ``AttentionMaskInterface`` on import
 (``load_causal_lm`` imports it when asked for ``VARLEN_ATTENTION``). Its mask function builds no
@@ -69,7 +69,8 @@ def varlen_sdpa_attention(module: torch.nn.Module, query: torch.Tensor, key: tor
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None or position_ids is None or query.shape[0] != 1 or query.shape[2] < 2:
+    if (attention_mask is not None or position_ids is None or query.shape[0] != 1 or query.shape[2] < 2
+            or key.shape[2] != query.shape[2]):  # a mask, several rows, or a KV cache: transformers' sdpa
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
     if sliding_window is not None:

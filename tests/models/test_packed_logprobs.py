@@ -252,3 +252,14 @@ def test_a_failing_nested_kernel_falls_back_to_the_exact_loop(tiny_path, monkeyp
     monkeypatch.setattr(varlen_attention, "nested_causal_sdpa", no_kernel)
     assert _max_diff_to_padded(model) < 1e-5
     assert varlen_attention._nested_failed and "one SDPA call per document" in caplog.text
+
+
+def test_a_varlen_model_generates_as_sdpa_does(tiny_path):
+    """Generation (a KV cache: keys longer than queries, one-token steps) falls through to
+    transformers' sdpa, so a model loaded with sdpa_varlen samples what an sdpa one does."""
+    varlen, sdpa = _load(tiny_path, varlen_attention.VARLEN_ATTENTION), _load(tiny_path, "sdpa")
+    ids = torch.randint(3, sdpa.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = varlen.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        b = sdpa.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(a, b)
