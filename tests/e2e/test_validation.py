@@ -18,6 +18,18 @@ from e2e_helpers import recorder, small_config, with_trajectory_hook
 SOURCES = ("fictional_1hop", "fictional_2hop")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_learner_thread():
+    """The tests below compare two trainings bitwise. Their learner is the local one, which keeps
+    this process's torch threads (models/threads.py); with two, one CI run of 55ecc24 trained
+    weights that differed from the other run's on identical samples. One thread for the module
+    (restored after) takes intra-op scheduling out of the comparison."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def eval_tasks():
     """Two tasks of each data_source of the embedded search test split."""
