@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 from typing import Any, Callable, ContextManager, Mapping
 
@@ -77,26 +78,23 @@ class ModuleLayout:
         self.reference: torch.nn.Module | None = None
         self._mesh = None  # the mesh both models are sharded on (None: fully_shard's default)
         self._mesh_ready = False
-        self._precision: tuple[str | None] | None = None  # (resolved mixed_precision,) once asked
 
-    @property
+    @functools.cached_property
     def mixed_precision(self) -> str | None:
         """The precision this learner computes in: ``mixed_precision`` with "auto" resolved for
         its device and master-weight dtype (models/precision.py), once; "auto" logs its choice."""
-        if self._precision is None:
-            from ..models.precision import resolve_mixed_precision
+        from ..models.precision import resolve_mixed_precision
 
-            setting = getattr(self.config, "mixed_precision", None)
-            device_type = self.device.type if self.device is not None else "cpu"
-            weight_dtype = (getattr(self.config, "model_config", None) or {}).get("dtype", "float32")
-            resolved = resolve_mixed_precision(setting, device_type=device_type, weight_dtype=weight_dtype)
-            self._precision = (resolved,)
-            if setting == "auto":
-                logging.getLogger(__name__).info(
-                    "mixed_precision='auto' on %s: %s", device_type,
-                    "bf16 compute over float32 master weights" if resolved == "bf16"
-                    else "no bf16 in this device's hardware (or non-float32 weights): compute in the weights' dtype")
-        return self._precision[0]
+        setting = getattr(self.config, "mixed_precision", None)
+        device_type = self.device.type if self.device is not None else "cpu"
+        weight_dtype = (getattr(self.config, "model_config", None) or {}).get("dtype", "float32")
+        resolved = resolve_mixed_precision(setting, device_type=device_type, weight_dtype=weight_dtype)
+        if setting == "auto":
+            logging.getLogger(__name__).info(
+                "mixed_precision='auto' on %s: %s", device_type,
+                "bf16 compute over float32 master weights" if resolved == "bf16"
+                else "no bf16 in this device's hardware (or non-float32 weights): compute in the weights' dtype")
+        return resolved
 
     @property
     def sharded(self) -> bool:

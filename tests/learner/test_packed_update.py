@@ -11,15 +11,14 @@ import copy
 import numpy as np
 import pytest
 import torch
-from ray.rllib.core import DEFAULT_MODULE_ID
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
 
 from rllib_spear import GRPOConfig
 from rllib_spear.core.trajectory import Segment, Trajectory
 from rllib_spear.learner.core import LocalUpdate, UpdateSettings
 from rllib_spear.learner.optim import build_adamw
 from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
+
+from learner_update import learner_update_metrics
 
 TRAINING = dict(lr=1e-3, micro_batch_token_budget=48, num_epochs=2, loss_mode="clip_cov", clip_cov_ratio=0.2,
                 entropy_metric_tokens=7)
@@ -92,13 +91,7 @@ def test_local_update_packed_equals_padded(path, training):
 
 
 def _learner_update(cfg) -> dict:
-    learner = cfg.build_learner(env=None)
-    batch = _batch()
-    mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=len(batch["input_ids"]))
-    res = learner.update(batch=mab, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 1})
-    res = res[0] if isinstance(res, list) else res
-    peek = lambda v: v.peek() if hasattr(v, "peek") else v  # noqa: E731
-    return {k: float(peek(v)) for k, v in res[DEFAULT_MODULE_ID].items() if np.ndim(peek(v)) == 0}
+    return learner_update_metrics(cfg, _batch())
 
 
 def test_rllib_learner_packed_equals_padded_with_the_kl_reference(path, monkeypatch):

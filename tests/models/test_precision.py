@@ -108,9 +108,7 @@ def _update(cfg) -> dict:
     """The scalar metrics of one RLlib learner update (built in process) on a fixed batch: 4 rows
     of 20 tokens, the last 12 of each scored, advantages +-1."""
     import numpy as np
-    from ray.rllib.core import DEFAULT_MODULE_ID
-    from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-    from ray.rllib.utils.metrics import NUM_ENV_STEPS_SAMPLED_LIFETIME
+    from learner_update import learner_update_metrics
 
     from rllib_spear.core.trajectory import Segment, Trajectory
     from rllib_spear.recipe.batching import LearnerRow, build_learner_batches
@@ -125,12 +123,7 @@ def _update(cfg) -> dict:
         rows.append(LearnerRow(t, t.token_advantages(1.0 if i % 2 else -1.0), t.loss_mask()))
     batch = build_learner_batches(rows, num_learners=0, minibatch_size=4, t_norm=64.0, pad_token_id=0, seed=0,
                                   num_epochs=1)[0]
-    learner = cfg.build_learner(env=None)
-    mab = MultiAgentBatch({DEFAULT_MODULE_ID: SampleBatch(dict(batch))}, env_steps=len(batch["input_ids"]))
-    res = learner.update(batch=mab, timesteps={NUM_ENV_STEPS_SAMPLED_LIFETIME: 1})
-    res = res[0] if isinstance(res, list) else res
-    peek = lambda v: v.peek() if hasattr(v, "peek") else v  # noqa: E731
-    return {k: float(peek(v)) for k, v in res[DEFAULT_MODULE_ID].items() if np.ndim(peek(v)) == 0}
+    return learner_update_metrics(cfg, batch)
 
 
 def test_learner_update_under_auto_follows_the_hardware(tiny_model, monkeypatch):
