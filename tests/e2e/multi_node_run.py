@@ -3,8 +3,8 @@
     python tests/e2e/multi_node_run.py {single|multi} OUT_DIR
 
 trains SPEAR for 2 iterations on the tiny model with 1 remote learner and 2 env runners, and
-writes OUT_DIR/result.json (per-iteration learner metrics, a digest of every sampled batch, where
-each actor ran) and OUT_DIR/weights.pt (the learner's weights after the 2 iterations).
+writes OUT_DIR/result.json (per-iteration learner metrics, a digest of every sampled batch's
+tokens and rewards and one of its engine log-probs, where each actor ran) and OUT_DIR/weights.pt (the learner's weights after the 2 iterations).
 
 * ``single``: ``ray.init(num_cpus=2)``, nothing pinned;
 * ``multi``: a ``ray.cluster_utils.Cluster`` with a head node {"learner_node": 1} and a second
@@ -59,6 +59,14 @@ def batch_digest(trajs) -> str:
     return h.hexdigest()
 
 
+def logprob_digest(trajs) -> str:
+    """sha256 of every segment's engine (behaviour) log-probs, in batch order."""
+    h = hashlib.sha256()
+    for t in trajs:
+        h.update(json.dumps([s.logprobs for s in t.segments]).encode())
+    return h.hexdigest()
+
+
 def learner_weights(algo) -> dict:
     import torch
 
@@ -91,6 +99,7 @@ def train(pinned: bool, out: Path) -> dict:
             "moved": moved,
             "runner_nodes": runners, "iterations": iterations,
             "batches": [batch_digest(trajs) for trajs, _ in calls],
+            "logprob_digests": [logprob_digest(trajs) for trajs, _ in calls],
             "runner_stats": [[s["generated_tokens"] for s in stats] for _, stats in calls]}
 
 

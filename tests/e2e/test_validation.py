@@ -30,6 +30,18 @@ def one_learner_thread():
     torch.set_num_threads(before)
 
 
+#: Two trainings on the same samples agree to float32 rounding, not bitwise: the engine
+#: log-probs the ratio divides by are the runners' own float32 numerics, and one CI run of
+#: 55ecc24 trained weights that differed from the other run's on identical sampled tokens. The
+#: two updates move every weight by ~1e-4 (a changed sample or step moves them by that much).
+WEIGHT_ROUNDING = 1e-6
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
 @pytest.fixture(scope="module")
 def eval_tasks():
     """Two tasks of each data_source of the embedded search test split."""
@@ -128,11 +140,12 @@ def test_evaluation_does_not_change_training(evaluated_run, eval_tasks):
     assert "evaluation" not in plain_results[-1]
     assert sampled == plain_sampled, "the same training samples"
     assert weights.keys() == plain_weights.keys()
-    assert all(torch.equal(weights[k], plain_weights[k]) for k in weights), "the same trained weights"
+    assert _max_diff(weights, plain_weights) <= WEIGHT_ROUNDING, "the same trained weights"
     for r, p in zip(results, plain_results):
         for key in ("reward_total_mean", "success_rate", "response_length_mean", "num_episodes"):
             assert r["env_runners"][key] == p["env_runners"][key], key
-        assert r["learners"]["default_policy"]["grad_norm"] == p["learners"]["default_policy"]["grad_norm"]
+        grad_norm = r["learners"]["default_policy"]["grad_norm"]
+        assert grad_norm == pytest.approx(p["learners"]["default_policy"]["grad_norm"], rel=1e-6)
 
 
 def test_one_step_off_evaluation_keeps_the_sample_in_flight(ray_session, eval_tasks):
@@ -145,7 +158,7 @@ def test_one_step_off_evaluation_keeps_the_sample_in_flight(ray_session, eval_ta
         assert r["env_runners"]["num_episodes"] == 8 and r["dropped_stale_trajectories"] == 0
         assert r["lost_env_runner_samples"] == 0
     assert on[2] == off[2], "the same batches, one update behind as always"
-    assert all(torch.equal(on[1][k], off[1][k]) for k in off[1])
+    assert _max_diff(on[1], off[1]) <= WEIGHT_ROUNDING
 
 
 def test_cli_eval_prints_the_per_source_table(evaluated_run, eval_tasks, tmp_path, capsys):
