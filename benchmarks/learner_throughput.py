@@ -24,6 +24,11 @@ micro-batches carry. A ragged batch shows the difference: ``--spread 0.9``.
 
     python benchmarks/learner_throughput.py [--algo grpo] [--trajs 32] [--tokens 200] [--budget 0]
         [--iters 5] [--hidden 128 --layers 2 --vocab 512] [--spread 0.1] [--packed]
+        [--mixed-precision bf16,auto]
+
+``--mixed-precision``: the learner also runs with each ``learners(mixed_precision=...)`` value
+(bf16 compute over float32 master weights; ``auto``: bf16 on a CPU with bf16 instructions, else
+float32) on the same batches, and its tokens/s over the float32 learner's is printed.
 """
 from __future__ import annotations
 
@@ -171,6 +176,9 @@ def main():
     ap.add_argument("--spread", type=float, default=0.1, help="row lengths spread +- this fraction of --tokens")
     ap.add_argument("--packed", action="store_true",
                     help="also time the learner with learners(packed_microbatches=True)")
+    ap.add_argument("--mixed-precision", default="",
+                    help="comma-separated learners(mixed_precision=...) values (bf16, auto) also timed against "
+                         "the float32 learner (auto: bf16 where this CPU has bf16 instructions)")
     ap.add_argument("--packed-attention", default="sdpa",
                     help="with --packed: comma-separated attention kernels of the packed learner, each timed "
                          "(sdpa: transformers' N x N mask; sdpa_varlen: one causal SDPA per document)")
@@ -213,6 +221,13 @@ def main():
           f"spread {min(t_learn) * 1e3:.1f}-{max(t_learn) * 1e3:.1f})")
     ratio = learn / bare
     print(f"ratio learner/bare: {ratio:.3f}x  (target >= 0.9x: {'OK' if ratio >= 0.9 else 'BELOW'})")
+    for precision in [p for p in args.mixed_precision.split(",") if p]:
+        mp_cfg = cfg.copy(copy_frozen=False).learners(mixed_precision=precision)
+        tok_m, t_mixed, _ = bench_learner(mp_cfg, rows, args.iters)
+        mixed = tok_m / float(np.median(t_mixed))
+        print(f"learner, mixed_precision={precision:<5}: {mixed:10.1f} tokens/s  (median "
+              f"{np.median(t_mixed) * 1e3:.1f} ms/update, spread {min(t_mixed) * 1e3:.1f}-"
+              f"{max(t_mixed) * 1e3:.1f}); / float32 learner {mixed / learn:.3f}x")
     if args.packed:
         carried = padded_tokens(batch, cfg.micro_batch_token_budget)
         print(f"padded micro-batches carry {carried} tokens for {tok_l} real ones "
