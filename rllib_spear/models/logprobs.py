@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .activations import DEFAULT_CHUNK_ELEMENTS  # the planner's value too (torch-free home)
 
-__all__ = ["token_logprobs", "naive_token_logprobs", "position_ids_from_mask", "unwrap_causal_lm"]
+__all__ = ["token_logprobs", "naive_token_logprobs", "position_ids_from_mask", "unwrap_causal_lm", "body_and_head"]
 
 
 def lm_vocab(model) -> int:
@@ -154,7 +154,9 @@ def _entropy_rows(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
 
-def _body_and_head(model):
+def body_and_head(model):
+    """(decoder body, output head) of a causal LM, for running the head on chosen positions only;
+    refuses models whose logits are more than ``head(body(x))`` (soft-capping, a logit scale)."""
     lm = unwrap_causal_lm(model)
     head = lm.get_output_embeddings()
     body = getattr(lm, lm.base_model_prefix, None)
@@ -252,7 +254,7 @@ def _token_logprobs_unsharded(
     """
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    body, head = _body_and_head(model)
+    body, head = body_and_head(model)
     if packed:
         hidden = _packed_hidden(model, body, input_ids, attention_mask, position_ids)
     else:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,66 @@ def test_reading_conversations_search_other_worlds(tmp_path):
     assert shared and sum(f"<answer>{own[q]}</answer>" in answers[q] for q in shared) < 0.3 * len(shared)
     assert reading_conversations(dict(recipe, task="code_math"), tmp_path) == []
     assert reading_conversations(dict(recipe, reading=None), tmp_path) == []
+
+
+def _labelled_batch(base, convs):
+    """A right-padded batch of ``convs`` with labels on the assistant tokens (-100 elsewhere)."""
+    from transformers import AutoTokenizer
+
+    ex = sft_examples(AutoTokenizer.from_pretrained(base), convs, max_len=512)
+    T = max(len(ids) for ids, _ in ex)
+    ids = torch.zeros((len(ex), T), dtype=torch.long)
+    att = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for r, (x, m) in enumerate(ex):
+        ids[r, :len(x)] = torch.tensor(x)
+        att[r, :len(x)] = 1
+        labels[r, :len(x)] = torch.where(torch.tensor(m, dtype=torch.bool), torch.tensor(x), -100)
+    return ids, att, labels
+
+
+def test_sft_loss_equals_full_logits_cross_entropy_without_full_logits(sft_setup):
+    """``sft_loss`` (the head on labelled positions only, 7 rows a chunk) equals the full-logits
+    cross-entropy with ignore_index in value and every gradient (float32, 1e-6), and autograd
+    saves no logits of more than one chunk's rows (the full-logits loss saves all of them)."""
+    from transformers import AutoModelForCausalLM
+
+    from rllib_spear.models.sft import sft_loss
+
+    _, base, convs = sft_setup
+    ids, att, labels = _labelled_batch(base, convs[:6])
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    full_saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: full_saved.append(t.shape) or t, lambda t: t):
+        logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
+        want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, vocab), labels[:, 1:].reshape(-1),
+                                                 ignore_index=-100)
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        got = sft_loss(model, ids, att, labels, chunk_rows=7)
+    got.backward()
+    assert float(got.detach()) == pytest.approx(float(want.detach()), rel=1e-6)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[n], rtol=1e-5, atol=1e-6, msg=n)
+    assert int((labels[:, 1:] != -100).sum()) > 7 * 3  # several chunks
+
+    def logit_rows(shapes):  # the most positions of any saved tensor over the vocabulary
+        return max((math.prod(s[:-1]) for s in shapes if len(s) and s[-1] == vocab), default=0)
+
+    assert logit_rows(saved) <= 7 < logit_rows(full_saved), (logit_rows(saved), logit_rows(full_saved))
+
+
+def test_sft_loss_refuses_a_batch_without_labels(sft_setup):
+    from transformers import AutoModelForCausalLM
+
+    from rllib_spear.models.sft import sft_loss
+
+    _, base, convs = sft_setup
+    ids, att, labels = _labelled_batch(base, convs[:2])
+    with pytest.raises(ValueError, match="no labelled position"):
+        sft_loss(AutoModelForCausalLM.from_pretrained(base), ids, att, torch.full_like(labels, -100))
