@@ -51,11 +51,12 @@ def test_two_nodes_train_like_one(runs):
     assert len(single["batches"]) == 2 and multi["batches"] == single["batches"]
     assert multi["runner_stats"] == single["runner_stats"]
     assert all(len(s) == 2 and min(s) > 0 for s in single["runner_stats"])
-    # the same updates, to float32 rounding. The engine log-probs (the ratio's denominator) are
-    # the runners' float32 numerics; one CI run of 7eaebad sampled the same tokens and trained
-    # with the same grad norms and entropies, yet its total_loss moved by 2e-9. total_loss is
-    # mean(-A * ratio) over O(1) terms whose zero-mean advantages cancel to ~4e-4, so rounding
-    # of 1e-7 in the terms moves it by up to ~1e-7 absolute: that, not 1e-9, is its tolerance.
+    # the same updates, to float32 rounding. The async loop batches requests as they arrive, and
+    # a row's engine log-probs (the ratio's denominator) depend on its batch's padding at float32
+    # rounding (docs/design.md "The agent loop", Seeds): one CI run of 7eaebad sampled the same
+    # tokens and trained with the same grad norms and entropies, yet its total_loss moved by
+    # 2e-9. total_loss is mean(-A * ratio) over O(1) terms whose zero-mean advantages cancel to
+    # ~4e-4, so rounding of 1e-7 in the terms moves it by up to ~1e-7: that is its tolerance.
     same_logprobs = multi["logprob_digests"] == single["logprob_digests"]
     print(f"engine log-probs bitwise equal between the runs: {same_logprobs}")
     for a, b in zip(single["iterations"], multi["iterations"]):

@@ -30,10 +30,11 @@ def one_learner_thread():
     torch.set_num_threads(before)
 
 
-#: Two trainings on the same samples agree to float32 rounding, not bitwise: the engine
-#: log-probs the ratio divides by are the runners' own float32 numerics, and one CI run of
+#: Two trainings on the same samples agree to float32 rounding, not bitwise: the async loop
+#: batches requests as they arrive, and the engine log-probs the ratio divides by depend on a
+#: row's batch at float32 rounding (docs/design.md "The agent loop", Seeds); one CI run of
 #: 55ecc24 trained weights that differed from the other run's on identical sampled tokens. The
-#: two updates move every weight by ~1e-4 (a changed sample or step moves them by that much).
+#: two updates move every weight by ~2e-4 (a changed sample or step moves them by that much).
 WEIGHT_ROUNDING = 1e-6
 
 

@@ -27,15 +27,18 @@ def path():
     return tiny_model_path()
 
 
-def _rows(masked_row: bool = False) -> list[LearnerRow]:
+def _rows(masked_row: bool = False, logp_jitter: float = 0.0) -> list[LearnerRow]:
     """4 two-turn trajectories in 2 groups (+ with ``masked_row`` a 5th, group of its own, whose
-    loss mask is all 0, e.g. filtered). Behaviour log-probs -1.0: the first ratio is not 1."""
+    loss mask is all 0, e.g. filtered). Behaviour log-probs -1.0: the first ratio is not 1
+    (``logp_jitter``: plus seeded uniform noise of that size, as another batch's rounding)."""
     rng = np.random.default_rng(0)
+    jitter = np.random.default_rng(1)
+    lp = lambda k: (-1.0 + logp_jitter * jitter.uniform(-1, 1, k)).tolist()  # noqa: E731
     rows = []
     for i in range(5 if masked_row else 4):
         tok = lambda k: rng.integers(3, 500, k).tolist()  # noqa: E731
-        segs = [Segment("prompt", tok(6 + i)), Segment("assistant", tok(5), [-1.0] * 5, 0),
-                Segment("observation", tok(4)), Segment("assistant", tok(3 + i), [-1.0] * (3 + i), 1)]
+        segs = [Segment("prompt", tok(6 + i)), Segment("assistant", tok(5), lp(5), 0),
+                Segment("observation", tok(4)), Segment("assistant", tok(3 + i), lp(3 + i), 1)]
         t = Trajectory(uid=f"g{i // 2}", segments=segs, outcome_reward=float(i % 2), step_rewards=[0.0, 0.0],
                        traj_id=f"t{i}")
         mask = t.loss_mask() * (0.0 if i == 4 else 1.0)
@@ -67,6 +70,22 @@ def _weights(learner) -> dict:
 
 def _max_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+# ------------------------------------------------------------------- behaviour log-probs
+def test_recomputed_old_logprobs_make_the_update_independent_of_engine_rounding(path):
+    """Behaviour log-probs that differ by float32 rounding (1e-6: what another batch's padding
+    gives the engine's forward, docs/design.md "The agent loop", Seeds) change the update, unless
+    the learner recomputes them (recompute_old_logprobs=True): then the weights are bitwise equal."""
+    def trained(rows, **training):
+        learner = _learner(path, **training)
+        _update(learner, rows)
+        return _weights(learner)
+
+    assert _max_diff(trained(_rows()), trained(_rows(logp_jitter=1e-6))) > 0
+    exact = dict(recompute_old_logprobs=True)
+    a, b = trained(_rows(), **exact), trained(_rows(logp_jitter=1e-6), **exact)
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 # ------------------------------------------------------------------------------- num_epochs

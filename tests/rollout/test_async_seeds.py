@@ -76,3 +76,16 @@ def test_a_fixed_seed_reproduces_an_async_run_under_other_timings(engine):
         trajs, _ = AsyncMultiTurnRollout(engine, engine.tokenizer, _SlowEnv, sampling, cfg).run(tasks, 2)
         runs.append(sorted((t.uid, list(t.input_ids()), t.outcome_reward) for t in trajs))
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_a_rows_logprobs_match_alone_or_batched_to_float32_rounding(engine):
+    """The tokens do not depend on the batch, the behaviour log-probs only to float32 rounding
+    (the forward runs over the batch's padding; docs/design.md "The agent loop", Seeds): the
+    reason two seeded async runs train to rounding, not bitwise, without recompute_old_logprobs."""
+    tok = engine.tokenizer
+    prompts = [tok.encode("a short prompt"), tok.encode("another, longer prompt with many more words in it")]
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0)
+    together = engine.generate(prompts, dataclasses.replace(sampling, row_seeds=(11, 22), seed=1))
+    alone = engine.generate([prompts[0]], dataclasses.replace(sampling, row_seeds=(11,), seed=1))[0]
+    assert alone.token_ids == together[0].token_ids
+    assert alone.logprobs == pytest.approx(together[0].logprobs, abs=1e-5)
