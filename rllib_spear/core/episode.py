@@ -67,6 +67,10 @@ class EpisodeStats:
             elsewhere). GiGPO keeps it out of the discounted returns and charges it to its own
             step only, as the released agent tree does (docs/algorithms.md 3.5); ``len`` may be
             shorter than the number of steps (missing steps = 0).
+        incomplete_steps: per step, True when that step held no answer / action in the
+            environment's format (Dr.BoT's "incomplete" filter per step, 1.5): with
+            ``training(filter_scope="step")`` the filter masks those steps only, where
+            ``has_answer`` masks the episode.
 
     ``extra``: anything else the environment wants logged or kept (answer text, exec errors,
     sandbox backend...). Unknown keys given to :meth:`coerce` land here.
@@ -85,6 +89,7 @@ class EpisodeStats:
     found_entities_per_step: list[list[int]] | None = None
     num_gold_entities: int | None = None
     step_penalties: list[float] | None = None
+    incomplete_steps: list[bool] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     REQUIRED = ("success", "outcome_reward", "tool_calls", "queries_per_step", "format_ok", "has_answer")
@@ -133,6 +138,11 @@ class EpisodeStats:
             if not isinstance(sp, (list, tuple)) or not all(_is_number(x) and math.isfinite(x) for x in sp):
                 raise bad("step_penalties", "a list of finite numbers (one per step)")
             self.step_penalties = [float(x) for x in sp]
+        inc = self.incomplete_steps
+        if inc is not None:
+            if not isinstance(inc, (list, tuple)) or not all(_is_bool(x) for x in inc):
+                raise bad("incomplete_steps", "a list of booleans (one per step)")
+            self.incomplete_steps = [bool(x) for x in inc]
         if not isinstance(self.extra, dict):
             raise bad("extra", "a dict")
 

@@ -17,8 +17,9 @@ trains one sample per step. :func:`step_samples` makes them, at the learner-row 
 
 for each per-token array x (advantages, loss mask, old log-probs), where ``start_k`` is the
 position of assistant segment k in the episode's full ``input_ids``. Only step k's response
-tokens can carry loss; a filter that masked the episode masks every sample of it. A full-layout
-trajectory passes through unchanged (one sample).
+tokens can carry loss; a filter that masked the episode masks every sample of it, one that
+masked step k (``filter_scope="step"``) sample k only. A full-layout trajectory passes through
+unchanged (one sample).
 """
 from __future__ import annotations
 

@@ -265,6 +265,7 @@ class GymTextToolEnv(ToolEnv):
         self.step_penalties: list[float] = []  # per step: -invalid_action_penalty or 0 (GiGPO, 3.5)
         self.invalid_actions = 0
         self.unformatted_steps = 0  # steps with no single <action>..</action>: Dr.BoT's "incomplete"
+        self.incomplete_steps: list[bool] = []  # per step: that step held no action in the format
         self.format_ok = True
         self.outcome = 0.0
         # window layout (step_prompt): (observation the step was taken at, its action), the
@@ -317,6 +318,7 @@ class GymTextToolEnv(ToolEnv):
         else:
             err = parsed.error
             self.unformatted_steps += 1
+        self.incomplete_steps.append(parsed.kind != "tool")
         # the history the window layout's step prompt shows: the released projection's action
         # (the <action> text lower-cased, or the reply's last 30 characters without one)
         said = cand.lower() if parsed.kind == "tool" else str(assistant_text).lower()[-30:]
@@ -395,8 +397,10 @@ class GymTextToolEnv(ToolEnv):
             "format_ok": self.format_ok,
             # Dr.BoT's "incomplete" filter (docs/algorithms.md 1.5) on an agent task: a step with
             # no action in the format, not a lost game (an inadmissible but well-formed action is
-            # complete). Per episode: one such step masks the episode.
+            # complete). Per episode: one such step masks the episode (per step with
+            # filter_scope="step": incomplete_steps).
             "has_answer": self.turns > 0 and self.unformatted_steps == 0,
+            "incomplete_steps": list(self.incomplete_steps),  # the same check per step (filter_scope="step")
             "unformatted_steps": self.unformatted_steps,
             "outcome_reward": self.outcome,
             "invalid_actions": self.invalid_actions,

@@ -2,13 +2,23 @@
 
 A filtered response keeps its place in the group statistics (its reward still counts in its
 group's baseline); its loss mask becomes 0. A filter is ``fn(traj, cfg) -> bool`` (True = mask
-it out). The group filter (``group_filter_keep_fraction``) keeps the groups with the largest
-reward spread. Add a filter with::
+it out), or a list with one bool per step (True = that step is flagged). The group filter
+(``group_filter_keep_fraction``) keeps the groups with the largest reward spread. Add a filter
+with::
 
     @register_response_filter("too_short")
     def too_short(traj, cfg) -> bool: return traj.num_generated_tokens < 4
 
 and select it with ``.training(response_filters=("overlong", "too_short"))``.
+
+``filter_scope`` says what a flag masks. ``"episode"`` (the default): the whole episode, a
+per-step list included when any step is flagged. ``"step"``: a per-step list masks only the
+assistant tokens of the flagged steps, as the released agent tree does, where every step is a
+sample and a filter zeroes that sample's mask (in the window layout the flagged step samples
+are masked and the others train); a bool still masks the episode. The built-in filters answer
+per step under ``"step"`` (overlong with ``overlong_scope="turn"``: the turns stopped at their
+cap; incomplete: ``EpisodeStats.incomplete_steps`` when the environment reports it; repetitive and
+unreadable: each turn's tokens / text on its own) and per episode otherwise.
 """
 from __future__ import annotations
 
@@ -23,8 +33,8 @@ from ..registry import Registry
 from .piece import ErrorFn, Piece, check_choice, check_ints, piece_decorator
 
 __all__ = ["RESPONSE_FILTERS", "register_response_filter", "FilterResult", "apply_filters", "DRBOT_FILTERS",
-           "OVERLONG_SCOPES", "NEARLY_ALL_FILTERED", "TOOL_USE_COLD_START", "filtered_batch_warning",
-           "masked_response"]
+           "OVERLONG_SCOPES", "FILTER_SCOPES", "NEARLY_ALL_FILTERED", "TOOL_USE_COLD_START",
+           "filtered_batch_warning", "masked_response"]
 
 RESPONSE_FILTERS: Registry[Piece] = Registry(
     "response filter", register_hint="rllib_spear.recipe.register_response_filter")
@@ -43,6 +53,13 @@ def register_response_filter(name: str, *, defaults: dict[str, Any] | None = Non
 #: ``overlong_scope`` values: what "overlong" means for a multi-turn episode.
 OVERLONG_SCOPES = ("episode", "turn")
 
+#: ``filter_scope`` values: what a response filter's flag masks (module doc).
+FILTER_SCOPES = ("episode", "step")
+
+
+def _per_step(cfg: Any) -> bool:
+    return getattr(cfg, "filter_scope", "episode") == "step"
+
 
 def _check_overlong(cfg: Any, err: ErrorFn) -> None:
     check_choice(cfg, err, "overlong_scope", OVERLONG_SCOPES)
@@ -57,18 +74,27 @@ def overlong(traj: Trajectory, cfg: Any) -> bool:
     max_response_length``). ``"turn"``: also when any turn was stopped at its token cap
     (``RolloutRecord.turn_hit_cap``): the released agent code (verl-agent) makes every turn a
     sample and masks one that reached ``max_response_length`` (512 tokens per turn), so here a
-    turn that reached ``max_new_tokens`` trips it. Our episode is one sequence, so the whole
-    episode is masked, not only that turn (docs/recipes.md, "Token budgets").
+    turn that reached ``max_new_tokens`` trips it: with ``filter_scope="step"`` only those turns
+    are masked (the released agent tree), else the whole episode (docs/recipes.md, "Token
+    budgets"). An episode that reached its own budget or the context is masked whole.
     """
     if traj.rollout.reached_max_length:
         return True
-    return cfg.overlong_scope == "turn" and any(traj.rollout.turn_hit_cap)
+    if cfg.overlong_scope != "turn":
+        return False
+    capped = [bool(x) for x in traj.rollout.turn_hit_cap]
+    return capped if _per_step(cfg) else any(capped)
 
 
 @register_response_filter("incomplete")
-def incomplete(traj: Trajectory, cfg: Any) -> bool:
-    """No valid final answer / action (``EpisodeStats.has_answer`` is False)."""
-    return not traj.require_stats("incomplete filter").has_answer
+def incomplete(traj: Trajectory, cfg: Any) -> bool | list[bool]:
+    """No valid final answer / action (``EpisodeStats.has_answer`` is False); with
+    ``filter_scope="step"`` the steps the environment reports without one
+    (``EpisodeStats.incomplete_steps``; an environment that does not report them: the episode)."""
+    stats = traj.require_stats("incomplete filter")
+    if _per_step(cfg) and stats.incomplete_steps is not None and stats.incomplete_steps:
+        return list(stats.incomplete_steps)
+    return not stats.has_answer
 
 
 def _check_ngram(cfg: Any, err: ErrorFn) -> None:
@@ -77,31 +103,71 @@ def _check_ngram(cfg: Any, err: ErrorFn) -> None:
 
 @register_response_filter("repetitive", defaults={"filter_ngram_size": 20, "filter_ngram_repeats": 10},
                           validate=_check_ngram)
-def repetitive(traj: Trajectory, cfg: Any) -> bool:
-    """An n-gram of the generated tokens repeats ``filter_ngram_repeats`` times or more."""
-    ids = [tok for seg in traj.assistant_token_ids() for tok in seg]
-    return has_repetitive_ngram(ids, n=cfg.filter_ngram_size, min_count=cfg.filter_ngram_repeats)
+def repetitive(traj: Trajectory, cfg: Any) -> bool | list[bool]:
+    """An n-gram of the generated tokens repeats ``filter_ngram_repeats`` times or more (per step
+    with ``filter_scope="step"``: each turn's tokens on their own, as the released per-sample check)."""
+    def check(ids: list[int]) -> bool:
+        return has_repetitive_ngram(ids, n=cfg.filter_ngram_size, min_count=cfg.filter_ngram_repeats)
+
+    turns = traj.assistant_token_ids()
+    if _per_step(cfg):
+        return [check(list(t)) for t in turns]
+    return check([tok for seg in turns for tok in seg])
 
 
 @register_response_filter("unreadable")
-def unreadable(traj: Trajectory, cfg: Any) -> bool:
-    """The decoded text holds replacement characters / mojibake."""
+def unreadable(traj: Trajectory, cfg: Any) -> bool | list[bool]:
+    """The decoded text holds replacement characters / mojibake (per turn with ``filter_scope="step"``)."""
+    if _per_step(cfg):
+        return [is_unreadable(text) for text in traj.rollout.assistant_texts]
     return is_unreadable("".join(traj.rollout.assistant_texts))
 
 
 @dataclass
 class FilterResult:
-    """``masks``: the loss mask of each trajectory (zeros when filtered); ``filtered``: whether
-    it was; ``fractions``: per reason (and ``any``), the share of the batch it masked."""
+    """``masks``: the loss mask of each trajectory (zeros where filtered); ``filtered``: whether
+    any of it was; ``masked_steps``: per trajectory, the steps a per-step flag masked while the
+    rest trains (``filter_scope="step"``; empty elsewhere, and for a trajectory masked whole);
+    ``fractions``: per reason (and ``any``), the share of the batch's trajectories it masked
+    (wholly or in part)."""
 
     masks: list[np.ndarray]
     filtered: list[bool]
     fractions: dict[str, float]
+    masked_steps: list[list[int]] | None = None
+
+    @property
+    def masked_whole(self) -> list[bool]:
+        """Per trajectory: its whole loss mask was zeroed (not only some steps)."""
+        steps = self.masked_steps or [[] for _ in self.filtered]
+        return [f and not s for f, s in zip(self.filtered, steps)]
+
+
+def _step_spans(traj: Trajectory) -> list[tuple[int, int]]:
+    """[start, end) of each assistant segment (step) in the trajectory's input_ids."""
+    out, pos = [], 0
+    for seg in traj.segments:
+        if seg.kind == "assistant":
+            out.append((pos, pos + len(seg.token_ids)))
+        pos += len(seg.token_ids)
+    return out
+
+
+def _flagged_steps(name: str, flag: Any, num_steps: int) -> bool | list[int]:
+    """A filter's answer as True / False (the episode) or the indices of its flagged steps."""
+    if isinstance(flag, (bool, np.bool_)):
+        return bool(flag)
+    flags = [bool(x) for x in flag]
+    if len(flags) != num_steps:
+        raise ValueError(f"response filter {name!r} returned {len(flags)} per-step flags for a trajectory of "
+                         f"{num_steps} steps: return one bool per assistant turn, or one bool for the episode")
+    return [k for k, x in enumerate(flags) if x]
 
 
 def apply_filters(trajs: list[Trajectory], cfg: Any) -> FilterResult:
     """Run ``cfg.response_filters`` (in order) and the group-std filter on the batch."""
     filters = [(name, RESPONSE_FILTERS.get(name)) for name in cfg.response_filters]
+    per_step = _per_step(cfg)
     kept_groups = None
     if cfg.group_filter_keep_fraction is not None:
         kept_groups = group_std_filter([t.total_reward for t in trajs], [t.uid for t in trajs],
@@ -110,18 +176,33 @@ def apply_filters(trajs: list[Trajectory], cfg: Any) -> FilterResult:
     counts: dict[str, int] = {name: 0 for name, _ in filters}
     if kept_groups is not None:
         counts["group_std"] = 0
-    masks, filtered = [], []
+    masks, filtered, masked_steps = [], [], []
     for t in trajs:
-        reasons = [name for name, f in filters if f(t, cfg)]
+        spans = _step_spans(t)
+        whole, steps, reasons = False, set(), []
+        for name, f in filters:
+            hit = _flagged_steps(name, f(t, cfg), len(spans))
+            if hit is True or (hit and not per_step):
+                whole = True
+            elif hit:
+                steps.update(hit)
+            if hit:
+                reasons.append(name)
         if kept_groups is not None and t.uid not in kept_groups:
+            whole = True
             reasons.append("group_std")
         for r in reasons:
             counts[r] = counts.get(r, 0) + 1
         mask = t.loss_mask()
-        masks.append(np.zeros_like(mask) if reasons else mask)
+        if whole:
+            mask, steps = np.zeros_like(mask), set()
+        for k in sorted(steps):
+            mask[spans[k][0]:spans[k][1]] = 0.0
+        masks.append(mask)
         filtered.append(bool(reasons))
+        masked_steps.append(sorted(steps))
     counts["any"] = sum(filtered)
-    return FilterResult(masks, filtered, {k: v / len(trajs) for k, v in counts.items()})
+    return FilterResult(masks, filtered, {k: v / len(trajs) for k, v in counts.items()}, masked_steps)
 
 
 #: A batch whose filters masked this share of its responses or more trains (almost) nothing.

@@ -70,7 +70,8 @@ class Recipe:
                      step: int, replay: ReplayPlan) -> Metrics:
         if self.sil is None:
             return {}
-        out = {("spear", k): v for k, v in self.sil.admit(trajs, adv.episode, kept.filtered, step, adv.step).items()}
+        admitted = self.sil.admit(trajs, adv.episode, kept.filtered, step, adv.step, masked_steps=kept.masked_steps)
+        out = {("spear", k): v for k, v in admitted.items()}
         out[("spear", "sil_weight")] = replay.weight
         return out
 

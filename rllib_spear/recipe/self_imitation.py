@@ -75,18 +75,19 @@ def validate_sil(cfg: Any, err: ErrorFn) -> None:
     check_replay_buffer_config(cfg, err)
 
 
-def _admit_steps(trajs: list[Trajectory], step_adv: list[np.ndarray] | None
-                 ) -> tuple[list[Trajectory], list[float]]:
+def _admit_steps(trajs: list[Trajectory], step_adv: list[np.ndarray] | None,
+                 masked_steps: list[list[int]] | None = None) -> tuple[list[Trajectory], list[float]]:
     """``sil_admission="step"``: a copy of each trajectory that records its steps of positive
-    step advantage (``derived["sil_steps"]``), and as its admission value the largest of them
-    (> 0 exactly when some step is admitted)."""
+    step advantage (``derived["sil_steps"]``), those a filter masked (``masked_steps``) left
+    out, and as its admission value the largest of them (> 0 exactly when some step is admitted)."""
     if step_adv is None:
         raise ValueError("sil_admission='step' admits steps by their step advantage, which this advantage "
                          "estimator does not give: use advantage_estimator='gigpo' (or 'spa'), or "
                          "sil_admission='episode'")
     out, values = [], []
-    for t, a in zip(trajs, step_adv):
-        pos = [k for k, x in enumerate(np.asarray(a, np.float64)) if x > 0.0]
+    masked = masked_steps if masked_steps is not None else [[] for _ in trajs]
+    for t, a, off in zip(trajs, step_adv, masked):
+        pos = [k for k, x in enumerate(np.asarray(a, np.float64)) if x > 0.0 and k not in off]
         copy = Trajectory.from_dict(t.to_dict())
         copy.derived["sil_steps"] = pos
         out.append(copy)
@@ -143,19 +144,28 @@ class SelfImitation:
         return pairs
 
     def admit(self, trajs: list[Trajectory], episode_adv: np.ndarray, filtered: list[bool],
-              step: int, step_adv: list[np.ndarray] | None = None) -> dict[str, float]:
+              step: int, step_adv: list[np.ndarray] | None = None,
+              masked_steps: list[list[int]] | None = None) -> dict[str, float]:
         """(b)+(c): evict stale entries, record baselines, admit positive-advantage trajectories.
 
         The baseline's group statistics are over trajectories, or over step rows (a trajectory
         of K steps counts K times) with ``group_stats_over="steps"``. With
         ``sil_admission="step"`` a trajectory is admitted with the steps whose step advantage
-        (``step_adv``) is > 0, and only those steps are replayed (``derived["sil_steps"]``)."""
+        (``step_adv``) is > 0, and only those steps are replayed (``derived["sil_steps"]``).
+
+        ``filtered``: trajectories a response filter masked (never admitted); ``masked_steps``
+        (``filter_scope="step"``): the steps a filter masked in the others. Step admission leaves
+        those steps out and admits the rest, as the released agent tree, where a masked step
+        sample has advantage 0 and only positive rows enter the buffer; episode admission
+        admits no trajectory with a masked step."""
+        if self.cfg.sil_admission == "step" and masked_steps is not None:
+            filtered = [f and not m for f, m in zip(filtered, masked_steps)]  # masked whole only
         weights = None
         if getattr(self.cfg, "group_stats_over", "trajectories") == "steps":
             weights = [step_rows(t) for t in trajs]
         stats = group_reward_stats([t.total_reward for t in trajs], [t.uid for t in trajs], weights=weights)
         if self.cfg.sil_admission == "step":
-            trajs, episode_adv = _admit_steps(trajs, step_adv)
+            trajs, episode_adv = _admit_steps(trajs, step_adv, masked_steps)
         self.buffer.add(SILBatch(trajs, [float(a) for a in episode_adv], step,
                                  group_means=[v[0] for v in stats.values()],
                                  group_stds=[v[1] for v in stats.values()], loss_masks_zeroed=filtered))

@@ -47,6 +47,8 @@ def test_tool_env_episode_success_and_penalty():
     # "fly away" is well formed (only inadmissible); "no tags" has no action: one unformatted
     # step, so Dr.BoT's incomplete filter masks the episode although it was won
     assert s.extra["unformatted_steps"] == 1 and not s.has_answer
+    # per step (filter_scope="step" masks only that step): the second step had no action
+    assert s.incomplete_steps == [False, True] + [False] * len(plan)
 
 
 def test_a_lost_game_in_format_is_complete():

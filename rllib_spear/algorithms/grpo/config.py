@@ -433,6 +433,10 @@ class GRPOConfig(AlgorithmConfigAdapter):
                     "training()" + (" (SIL replay loss)" if replay else ""), self.policy_loss_kwargs(replay))
             except ValueError as e:
                 err(str(e))
+        from ...recipe.filters import FILTER_SCOPES
+        if self.filter_scope not in FILTER_SCOPES:
+            err(f"`filter_scope` must be one of {FILTER_SCOPES} (what a response filter masks: the episode, or "
+                f"only the steps it flags), got {self.filter_scope!r}")
         kf = self.group_filter_keep_fraction
         if kf is not None and not (0 < kf <= 1):
             err(f"`group_filter_keep_fraction` must be in (0, 1] or None, got {kf!r}")

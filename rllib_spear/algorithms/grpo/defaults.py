@@ -50,6 +50,9 @@ GRPO_TRAINING_DEFAULTS: dict[str, Any] = {
     "t_norm": None,  # seq-mean-token-sum-norm constant; None = max_response_tokens
     # Dr.BoT filters (1.5): registered response filters, and the group-std filter
     "response_filters": (),
+    # what a response filter masks: the whole episode, or ("step") only the steps it flags
+    # (the released agent tree, where every step is a sample; recipe/filters.py)
+    "filter_scope": "episode",
     "group_filter_keep_fraction": None,  # e.g. 0.75; None = keep all groups
     # optimisation
     "weight_decay": 0.01,
