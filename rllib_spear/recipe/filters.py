@@ -61,6 +61,14 @@ def _per_step(cfg: Any) -> bool:
     return getattr(cfg, "filter_scope", "episode") == "step"
 
 
+def _per_turn(flags: Any, traj: Trajectory) -> list[bool]:
+    """One flag per assistant turn of ``traj``: a record that lists fewer turns (one written
+    before the field existed, an episode that ended before the environment saw its last turn)
+    leaves the missing turns unflagged."""
+    out = [bool(x) for x in flags]
+    return out + [False] * (traj.num_steps - len(out))
+
+
 def _check_overlong(cfg: Any, err: ErrorFn) -> None:
     check_choice(cfg, err, "overlong_scope", OVERLONG_SCOPES)
 
@@ -82,7 +90,7 @@ def overlong(traj: Trajectory, cfg: Any) -> bool:
         return True
     if cfg.overlong_scope != "turn":
         return False
-    capped = [bool(x) for x in traj.rollout.turn_hit_cap]
+    capped = _per_turn(traj.rollout.turn_hit_cap, traj)
     return capped if _per_step(cfg) else any(capped)
 
 
@@ -92,8 +100,8 @@ def incomplete(traj: Trajectory, cfg: Any) -> bool | list[bool]:
     ``filter_scope="step"`` the steps the environment reports without one
     (``EpisodeStats.incomplete_steps``; an environment that does not report them: the episode)."""
     stats = traj.require_stats("incomplete filter")
-    if _per_step(cfg) and stats.incomplete_steps is not None and stats.incomplete_steps:
-        return list(stats.incomplete_steps)
+    if _per_step(cfg) and stats.incomplete_steps:
+        return _per_turn(stats.incomplete_steps, traj)
     return not stats.has_answer
 
 
@@ -119,7 +127,7 @@ def repetitive(traj: Trajectory, cfg: Any) -> bool | list[bool]:
 def unreadable(traj: Trajectory, cfg: Any) -> bool | list[bool]:
     """The decoded text holds replacement characters / mojibake (per turn with ``filter_scope="step"``)."""
     if _per_step(cfg):
-        return [is_unreadable(text) for text in traj.rollout.assistant_texts]
+        return _per_turn([is_unreadable(text) for text in traj.rollout.assistant_texts], traj)
     return is_unreadable("".join(traj.rollout.assistant_texts))
 
 

@@ -24,8 +24,8 @@ def _traj(turns: list[list[int]], *, caps=None, incomplete_steps=None, has_answe
             segs.append(Segment("observation", [5]))
     stats = EpisodeStats(success=False, outcome_reward=0.0, tool_calls=0, queries_per_step=[], format_ok=True,
                          has_answer=has_answer, incomplete_steps=incomplete_steps)
-    rollout = RolloutRecord(turns=len(turns), turn_hit_cap=caps or [False] * len(turns),
-                            assistant_texts=texts or ["ok"] * len(turns))
+    rollout = RolloutRecord(turns=len(turns), turn_hit_cap=caps if caps is not None else [False] * len(turns),
+                            assistant_texts=texts if texts is not None else ["ok"] * len(turns))
     return Trajectory(uid=uid, segments=segs, outcome_reward=0.0, stats=stats, rollout=rollout,
                       step_prompts=step_prompts)
 
@@ -90,6 +90,17 @@ def test_an_episode_flag_still_masks_the_episode_and_flags_combine(user_filters)
     np.testing.assert_array_equal(res.masks[0], [0, 0, 0, 0, 0, 1, 1, 1, 0, 0])
     assert not res.masks[1].any()
     assert res.fractions == {"overlong": 0.5, "first_turn_flag": 1.0, "episode_flag": 0.5, "any": 1.0}
+
+
+def test_records_that_list_fewer_turns_leave_the_rest_unflagged():
+    """A rollout record of before turn_hit_cap existed, or stats whose last turn the
+    environment never stepped: the turns they do not list are not flagged, nothing raises."""
+    t = _traj(THREE_TURNS, caps=[True], incomplete_steps=[False, True], has_answer=False, texts=["\ufffd"])
+    t.rollout.turn_hit_cap = [True]
+    res = apply_filters([t], _cfg(["overlong", "incomplete", "unreadable"], "step"))
+    assert res.masked_steps == [[0, 1]]
+    t.rollout.turn_hit_cap = []
+    assert apply_filters([t], _cfg(["overlong"], "step")).filtered == [False]
 
 
 def test_a_per_step_answer_of_the_wrong_length_is_refused(user_filters):
