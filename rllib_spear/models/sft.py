@@ -49,10 +49,11 @@ def sft_loss(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, label
 
     with ``h`` the decoder body's last hidden states and ``W`` the output head, run on those N
     positions only and ``chunk_rows`` at a time under activation checkpointing. No ``[B, T, V]``
-    logits exist: with SmolLM2's 49,152-token vocabulary a batch of 16 x 512 made 1.6 GB per copy
-    of them, and the cross-entropy's saved and backward copies took the cold start's build to a
-    9.5 GB peak. Equal to the full-logits ``cross_entropy(..., ignore_index=-100)`` up to float32
-    rounding (tests/models/test_factory_sft.py)."""
+    logits exist: with SmolLM2's 49,152-token vocabulary a batch of 4 x 1024 made 0.8 GB per copy
+    of them, and one step of the full-logits loss peaked at 9.5 GB against 8.0 GB here, 1.34x
+    slower (``benchmarks/sft_memory.py``; the rest is the body's activations). Equal to the
+    full-logits ``cross_entropy(..., ignore_index=-100)`` up to float32 rounding
+    (tests/models/test_factory_sft.py)."""
     from torch.utils.checkpoint import checkpoint
 
     body, head = body_and_head(model)
