@@ -29,13 +29,13 @@ import numpy as np
 
 from .trajectory import Segment, Trajectory
 
-__all__ = ["step_samples", "sample_lengths", "StepSample"]
+__all__ = ["step_samples", "sample_lengths", "assistant_spans", "StepSample"]
 
 #: (trajectory, advantages, loss mask, old log-probs or None), each array of the trajectory's length
 StepSample = tuple[Trajectory, np.ndarray, np.ndarray, "np.ndarray | None"]
 
 
-def _assistant_spans(traj: Trajectory) -> list[tuple[Segment, int]]:
+def assistant_spans(traj: Trajectory) -> list[tuple[Segment, int]]:
     """(assistant segment, its start in the episode's full input_ids), in step order."""
     out, pos = [], 0
     for seg in traj.segments:
@@ -63,7 +63,7 @@ def step_samples(traj: Trajectory, advantages: np.ndarray, loss_mask: np.ndarray
     n = traj.length
     for name, arr in (("advantages", advantages), ("loss_mask", loss_mask), ("old_logp", old_logp)):
         _check_len(name, arr, n, traj)
-    spans = _assistant_spans(traj)
+    spans = assistant_spans(traj)
     if len(spans) != len(traj.step_prompts):  # Trajectory.__post_init__ checks it; segments may change
         raise ValueError(f"step_samples: trajectory {traj.traj_id or traj.uid!r} has {len(spans)} steps "
                          f"and {len(traj.step_prompts)} step prompts")
@@ -98,5 +98,5 @@ def sample_lengths(trajectories: Sequence[Trajectory]) -> list[int]:
         if t.step_prompts is None:
             out.append(t.length)
         else:
-            out += [len(p) + len(s.token_ids) for p, (s, _) in zip(t.step_prompts, _assistant_spans(t))]
+            out += [len(p) + len(s.token_ids) for p, (s, _) in zip(t.step_prompts, assistant_spans(t))]
     return out

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..core.filters import group_std_filter, has_repetitive_ngram, is_unreadable
+from ..core.step_samples import assistant_spans
 from ..core.trajectory import Trajectory
 from ..registry import Registry
 from .piece import ErrorFn, Piece, check_choice, check_ints, piece_decorator
@@ -153,12 +154,7 @@ class FilterResult:
 
 def _step_spans(traj: Trajectory) -> list[tuple[int, int]]:
     """[start, end) of each assistant segment (step) in the trajectory's input_ids."""
-    out, pos = [], 0
-    for seg in traj.segments:
-        if seg.kind == "assistant":
-            out.append((pos, pos + len(seg.token_ids)))
-        pos += len(seg.token_ids)
-    return out
+    return [(start, start + len(seg.token_ids)) for seg, start in assistant_spans(traj)]
 
 
 def _flagged_steps(name: str, flag: Any, num_steps: int) -> bool | list[int]:
